@@ -1,0 +1,214 @@
+#include "sluice/core/frame.h"
+
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+size_t AlignUp(size_t v) { return (v + kFrameAlignment - 1) / kFrameAlignment * kFrameAlignment; }
+
+template <typename T>
+void Put(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+size_t DescriptorSize(size_t rank) { return 24 + 8 * rank; }
+
+absl::Status Corrupt(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("corrupt element frame: ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<FrameLayout> ComputeFrameLayout(const Element& element) {
+  if (element.size() > kMaxFrameComponents) {
+    return absl::InvalidArgumentError(absl::StrCat("element has ", element.size(),
+                                                   " components; a frame holds at most ",
+                                                   kMaxFrameComponents));
+  }
+  size_t header = kFrameFixedHeaderSize;
+  size_t payload = 0;
+  for (size_t i = 0; i < element.size(); ++i) {
+    const Tensor& t = element[i];
+    if (!t.valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("component ", i, " is an invalid tensor"));
+    }
+    if (static_cast<uint32_t>(t.shape().rank()) > kMaxFrameRank) {
+      return absl::InvalidArgumentError(absl::StrCat("component ", i, " has rank ",
+                                                     t.shape().rank(), "; frames allow at most ",
+                                                     kMaxFrameRank));
+    }
+    header += DescriptorSize(t.shape().rank());
+    payload = AlignUp(payload) + t.byte_size();
+  }
+  FrameLayout layout;
+  layout.header_size = AlignUp(header);
+  layout.payload_size = AlignUp(payload);
+  return layout;
+}
+
+absl::Status EncodeFrame(const Element& element, uint16_t flags, absl::Span<uint8_t> out) {
+  auto layout = ComputeFrameLayout(element);
+  if (!layout.ok()) return layout.status();
+  if (out.size() < layout->frame_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("frame needs ", layout->frame_size(),
+                                                   " bytes; buffer has ", out.size()));
+  }
+  uint8_t* p = out.data();
+  std::memset(p, 0, layout->header_size);
+  Put<uint32_t>(p + 0, kFrameMagic);
+  Put<uint16_t>(p + 4, kFrameVersion);
+  Put<uint16_t>(p + 6, flags);
+  Put<uint32_t>(p + 8, static_cast<uint32_t>(element.size()));
+  Put<uint32_t>(p + 12, static_cast<uint32_t>(layout->header_size));
+  Put<uint64_t>(p + 16, layout->frame_size());
+  size_t desc = kFrameFixedHeaderSize;
+  size_t payload = 0;
+  uint8_t* area = p + layout->header_size;
+  for (const Tensor& t : element) {
+    size_t off = AlignUp(payload);
+    if (off > payload) std::memset(area + payload, 0, off - payload);
+    uint8_t* d = p + desc;
+    d[0] = static_cast<uint8_t>(t.dtype());
+    d[1] = static_cast<uint8_t>(t.shape().rank());
+    Put<uint64_t>(d + 8, off);
+    Put<uint64_t>(d + 16, t.byte_size());
+    for (int r = 0; r < t.shape().rank(); ++r) Put<int64_t>(d + 24 + 8 * r, t.shape().dim(r));
+    if (t.byte_size() > 0) std::memcpy(area + off, t.data(), t.byte_size());
+    payload = off + t.byte_size();
+    desc += DescriptorSize(t.shape().rank());
+  }
+  if (layout->payload_size > payload) {
+    std::memset(area + payload, 0, layout->payload_size - payload);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OwnedFrame> EncodeFrame(const Element& element, uint16_t flags) {
+  auto layout = ComputeFrameLayout(element);
+  if (!layout.ok()) return layout.status();
+  OwnedFrame frame;
+  frame.size = layout->frame_size();
+  frame.data = AllocateAligned(frame.size);
+  if (frame.data == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", frame.size, " bytes"));
+  }
+  absl::Status s = EncodeFrame(element, flags, absl::Span<uint8_t>(frame.data.get(), frame.size));
+  if (!s.ok()) return s;
+  return frame;
+}
+
+absl::StatusOr<FrameLayout> ParseFrameHeader(const uint8_t* header, size_t size) {
+  if (header == nullptr || size < kFrameFixedHeaderSize) {
+    return Corrupt(absl::StrCat("truncated: ", size, " bytes is shorter than the ",
+                                kFrameFixedHeaderSize, "-byte fixed header"));
+  }
+  if (Get<uint32_t>(header) != kFrameMagic) return Corrupt("bad magic");
+  uint16_t version = Get<uint16_t>(header + 4);
+  if (version != kFrameVersion) {
+    return Corrupt(absl::StrCat("unsupported version ", version, "; this build reads version ",
+                                kFrameVersion));
+  }
+  FrameLayout layout;
+  layout.flags = Get<uint16_t>(header + 6);
+  if (layout.flags & ~(kFrameEndOfSequence | kFrameSkip)) {
+    return Corrupt(absl::StrCat("unknown flags 0x", absl::Hex(layout.flags)));
+  }
+  uint32_t n = Get<uint32_t>(header + 8);
+  if (n > kMaxFrameComponents) return Corrupt(absl::StrCat(n, " components is too many"));
+  uint32_t h = Get<uint32_t>(header + 12);
+  uint64_t total = Get<uint64_t>(header + 16);
+  if (h < kFrameFixedHeaderSize || h % kFrameAlignment != 0) {
+    return Corrupt(absl::StrCat("header size ", h, " is not a multiple of 64 >= 24"));
+  }
+  if (h > size) {
+    return Corrupt(absl::StrCat("truncated: header claims ", h, " bytes, ", size, " present"));
+  }
+  if (total < h) return Corrupt(absl::StrCat("frame size ", total, " < header size ", h));
+  layout.header_size = h;
+  layout.payload_size = total - h;
+  return layout;
+}
+
+absl::StatusOr<DecodedFrame> DecodeFrameParts(const uint8_t* header, size_t header_size,
+                                              const uint8_t* payload, size_t payload_size,
+                                              std::shared_ptr<const void> owner) {
+  auto layout = ParseFrameHeader(header, header_size);
+  if (!layout.ok()) return layout.status();
+  if (layout->header_size != header_size) {
+    return Corrupt(absl::StrCat("header size field ", layout->header_size, " != ", header_size,
+                                " header bytes given"));
+  }
+  if (layout->payload_size != payload_size) {
+    return Corrupt(absl::StrCat("frame declares ", layout->payload_size,
+                                " payload bytes; ", payload_size, " present (truncated?)"));
+  }
+  if (payload == nullptr && payload_size != 0) return Corrupt("null payload");
+  uint32_t n = Get<uint32_t>(header + 8);
+  DecodedFrame out;
+  out.flags = layout->flags;
+  out.element.reserve(n);
+  size_t desc = kFrameFixedHeaderSize;
+  uint64_t prev_end = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (desc + 24 > header_size) {
+      return Corrupt(absl::StrCat("descriptor ", i, " runs past the header"));
+    }
+    const uint8_t* d = header + desc;
+    uint8_t dtype = d[0];
+    uint8_t rank = d[1];
+    if (!IsValidDType(dtype)) return Corrupt(absl::StrCat("component ", i, ": bad dtype ", dtype));
+    if (rank > kMaxFrameRank) return Corrupt(absl::StrCat("component ", i, ": rank ", rank));
+    for (int k = 2; k < 8; ++k) {
+      if (d[k] != 0) return Corrupt(absl::StrCat("component ", i, ": reserved bytes set"));
+    }
+    if (desc + DescriptorSize(rank) > header_size) {
+      return Corrupt(absl::StrCat("descriptor ", i, " runs past the header"));
+    }
+    uint64_t off = Get<uint64_t>(d + 8);
+    uint64_t sz = Get<uint64_t>(d + 16);
+    std::vector<int64_t> dims(rank);
+    for (int r = 0; r < rank; ++r) dims[r] = Get<int64_t>(d + 24 + 8 * r);
+    auto shape = TensorShape::Make(std::move(dims));
+    if (!shape.ok()) return Corrupt(absl::StrCat("component ", i, ": ", shape.status().message()));
+    if (off % kFrameAlignment != 0) {
+      return Corrupt(absl::StrCat("component ", i, ": payload offset ", off, " not 64-aligned"));
+    }
+    if (off < prev_end) {
+      return Corrupt(absl::StrCat("component ", i, ": payload overlaps the previous one"));
+    }
+    if (off > payload_size || sz > payload_size - off) {
+      return Corrupt(absl::StrCat("component ", i, ": payload [", off, ", +", sz,
+                                  ") is outside the ", payload_size, "-byte payload area"));
+    }
+    auto t = Tensor::View(static_cast<DType>(dtype), *std::move(shape), payload + off, sz, owner);
+    if (!t.ok()) return Corrupt(absl::StrCat("component ", i, ": ", t.status().message()));
+    out.element.push_back(*std::move(t));
+    prev_end = off + sz;
+    desc += DescriptorSize(rank);
+  }
+  return out;
+}
+
+absl::StatusOr<DecodedFrame> DecodeFrame(const uint8_t* data, size_t size,
+                                         std::shared_ptr<const void> owner) {
+  auto layout = ParseFrameHeader(data, size);
+  if (!layout.ok()) return layout.status();
+  if (layout->frame_size() != size) {
+    return Corrupt(absl::StrCat("frame declares ", layout->frame_size(), " bytes; ", size,
+                                " present", size < layout->frame_size() ? " (truncated)" : ""));
+  }
+  return DecodeFrameParts(data, layout->header_size, data + layout->header_size,
+                          layout->payload_size, std::move(owner));
+}
+
+}  // namespace sluice

@@ -1,0 +1,284 @@
+#include "sluice/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sluice {
+
+absl::StatusOr<TensorShape> TensorShape::Make(std::vector<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape [", absl::StrJoin(dims, ","), "] has a negative dimension"));
+    }
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape [", absl::StrJoin(dims, ","), "] has too many elements"));
+    }
+    n *= d;
+  }
+  return TensorShape(std::move(dims));
+}
+
+int64_t TensorShape::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : dims_) n *= d;
+  return n;
+}
+
+std::string TensorShape::ToString() const {
+  return absl::StrCat("[", absl::StrJoin(dims_, ","), "]");
+}
+
+std::shared_ptr<uint8_t> AllocateAligned(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded == 0) rounded = 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) return nullptr;
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+}
+
+Tensor Tensor::AllocateUnchecked(DType dtype, TensorShape shape, size_t bytes) {
+  std::shared_ptr<uint8_t> mem = AllocateAligned(bytes);
+  if (mem == nullptr) std::abort();  // out of memory
+  const uint8_t* data = mem.get();
+  return Tensor(dtype, std::move(shape), data, bytes, std::move(mem));
+}
+
+absl::Status Tensor::ShapeMismatch(const TensorShape& shape, size_t count) {
+  return absl::InvalidArgumentError(absl::StrCat("shape ", shape.ToString(), " holds ",
+                                                 shape.num_elements(), " elements but ",
+                                                 count, " values were given"));
+}
+
+absl::StatusOr<Tensor> Tensor::Allocate(DType dtype, TensorShape shape) {
+  if (dtype == DType::kString) {
+    return absl::InvalidArgumentError(
+        "Tensor::Allocate cannot allocate a string tensor; use MakeStringTensor");
+  }
+  auto checked = TensorShape::Make(shape.dims());
+  if (!checked.ok()) return checked.status();
+  int64_t n = shape.num_elements();
+  size_t width = DTypeSize(dtype);
+  if (static_cast<uint64_t>(n) > std::numeric_limits<size_t>::max() / width / 2) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tensor of shape ", shape.ToString(), " is too large"));
+  }
+  size_t bytes = static_cast<size_t>(n) * width;
+  std::shared_ptr<uint8_t> mem = AllocateAligned(bytes);
+  if (mem == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+  }
+  const uint8_t* data = mem.get();
+  return Tensor(dtype, std::move(shape), data, bytes, std::move(mem));
+}
+
+namespace {
+
+absl::Status ValidateStringLayout(const TensorShape& shape, const uint8_t* data, size_t size) {
+  uint64_t n = static_cast<uint64_t>(shape.num_elements());
+  if (n + 1 > size / 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("string tensor of shape ", shape.ToString(), " needs ", (n + 1) * 8,
+                     " bytes of offsets; only ", size, " bytes given"));
+  }
+  uint64_t bytes_region = size - (n + 1) * 8;
+  uint64_t prev = 0;
+  for (uint64_t i = 0; i <= n; ++i) {
+    uint64_t off;
+    std::memcpy(&off, data + i * 8, 8);
+    if ((i == 0 && off != 0) || off < prev || off > bytes_region) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("string tensor offset ", i, " = ", off, " is out of order or beyond ",
+                       bytes_region, " bytes"));
+    }
+    prev = off;
+  }
+  if (prev != bytes_region) {
+    return absl::InvalidArgumentError(absl::StrCat("string tensor's last offset ", prev,
+                                                   " != size of its bytes ", bytes_region));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Tensor::View(DType dtype, TensorShape shape, const void* data,
+                                    size_t size, std::shared_ptr<const void> owner) {
+  auto checked = TensorShape::Make(shape.dims());
+  if (!checked.ok()) return checked.status();
+  if (data == nullptr && size != 0) {
+    return absl::InvalidArgumentError("Tensor::View of null data with nonzero size");
+  }
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  if (dtype == DType::kString) {
+    absl::Status s = ValidateStringLayout(shape, bytes, size);
+    if (!s.ok()) return s;
+  } else {
+    uint64_t n = static_cast<uint64_t>(shape.num_elements());
+    size_t width = DTypeSize(dtype);
+    if (n > std::numeric_limits<uint64_t>::max() / width || n * width != size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(DTypeName(dtype), " tensor of shape ", shape.ToString(), " needs ",
+                       n * width, " bytes; ", size, " given"));
+    }
+  }
+  return Tensor(dtype, std::move(shape), bytes, size, std::move(owner));
+}
+
+absl::StatusOr<Tensor> MakeStringTensor(const std::vector<std::string_view>& values,
+                                        TensorShape shape) {
+  if (shape.num_elements() != static_cast<int64_t>(values.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shape ", shape.ToString(), " holds ",
+                                                   shape.num_elements(), " strings but ",
+                                                   values.size(), " were given"));
+  }
+  size_t total = 0;
+  for (auto v : values) total += v.size();
+  size_t header = (values.size() + 1) * 8;
+  size_t bytes = header + total;
+  std::shared_ptr<uint8_t> mem = AllocateAligned(bytes);
+  if (mem == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+  }
+  uint8_t* p = mem.get();
+  uint64_t off = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::memcpy(p + i * 8, &off, 8);
+    if (!values[i].empty()) std::memcpy(p + header + off, values[i].data(), values[i].size());
+    off += values[i].size();
+  }
+  std::memcpy(p + values.size() * 8, &off, 8);
+  return Tensor::View(DType::kString, std::move(shape), p, bytes, std::move(mem));
+}
+
+absl::StatusOr<Tensor> Tensor::Strings(const std::vector<std::string>& values,
+                                       TensorShape shape) {
+  std::vector<std::string_view> views(values.begin(), values.end());
+  return MakeStringTensor(views, std::move(shape));
+}
+
+Tensor Tensor::Strings(const std::vector<std::string>& values) {
+  auto t = Strings(values, TensorShape({static_cast<int64_t>(values.size())}));
+  if (!t.ok()) std::abort();  // cannot happen: the shape matches by construction
+  return *std::move(t);
+}
+
+Tensor Tensor::String(std::string_view value) {
+  auto t = MakeStringTensor({value}, TensorShape());
+  if (!t.ok()) std::abort();  // only out of memory
+  return *std::move(t);
+}
+
+std::string_view Tensor::str(int64_t i) const {
+  uint64_t n = static_cast<uint64_t>(num_elements());
+  uint64_t a, b;
+  std::memcpy(&a, data_ + i * 8, 8);
+  std::memcpy(&b, data_ + (i + 1) * 8, 8);
+  const char* base = reinterpret_cast<const char*>(data_ + (n + 1) * 8);
+  return std::string_view(base + a, b - a);
+}
+
+bool Tensor::Equals(const Tensor& other) const {
+  if (valid_ != other.valid_) return false;
+  if (!valid_) return true;
+  return dtype_ == other.dtype_ && shape_ == other.shape_ && size_ == other.size_ &&
+         (size_ == 0 || std::memcmp(data_, other.data_, size_) == 0);
+}
+
+namespace {
+
+template <typename T>
+std::string FormatValue(T v) {
+  if constexpr (std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>) {
+    return absl::StrCat(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>) {
+    return absl::StrCat(static_cast<int>(v));
+  } else {
+    return absl::StrCat(v);
+  }
+}
+
+template <typename T>
+void AppendValues(const Tensor& t, size_t max, std::string* out) {
+  auto vals = t.values<T>();
+  for (size_t i = 0; i < vals.size() && i < max; ++i) {
+    if (i) absl::StrAppend(out, ", ");
+    T v;
+    std::memcpy(&v, &vals[i], sizeof(T));
+    absl::StrAppend(out, FormatValue(v));
+  }
+  if (vals.size() > max) absl::StrAppend(out, ", ...");
+}
+
+}  // namespace
+
+std::string Tensor::DebugString(size_t max_elements) const {
+  if (!valid_) return "<invalid tensor>";
+  std::string out = absl::StrCat(DTypeName(dtype_), shape_.ToString(), "{");
+  switch (dtype_) {
+    case DType::kBool: AppendValues<bool>(*this, max_elements, &out); break;
+    case DType::kInt8: AppendValues<int8_t>(*this, max_elements, &out); break;
+    case DType::kInt16: AppendValues<int16_t>(*this, max_elements, &out); break;
+    case DType::kInt32: AppendValues<int32_t>(*this, max_elements, &out); break;
+    case DType::kInt64: AppendValues<int64_t>(*this, max_elements, &out); break;
+    case DType::kUInt8: AppendValues<uint8_t>(*this, max_elements, &out); break;
+    case DType::kUInt16: AppendValues<uint16_t>(*this, max_elements, &out); break;
+    case DType::kUInt32: AppendValues<uint32_t>(*this, max_elements, &out); break;
+    case DType::kUInt64: AppendValues<uint64_t>(*this, max_elements, &out); break;
+    case DType::kFloat16: AppendValues<Float16>(*this, max_elements, &out); break;
+    case DType::kBFloat16: AppendValues<BFloat16>(*this, max_elements, &out); break;
+    case DType::kFloat32: AppendValues<float>(*this, max_elements, &out); break;
+    case DType::kFloat64: AppendValues<double>(*this, max_elements, &out); break;
+    case DType::kString: {
+      int64_t n = num_elements();
+      for (int64_t i = 0; i < n && i < static_cast<int64_t>(max_elements); ++i) {
+        if (i) absl::StrAppend(&out, ", ");
+        std::string_view s = str(i);
+        absl::StrAppend(&out, "\"", absl::string_view(s.data(), s.size()), "\"");
+      }
+      if (n > static_cast<int64_t>(max_elements)) absl::StrAppend(&out, ", ...");
+      break;
+    }
+  }
+  absl::StrAppend(&out, "}");
+  return out;
+}
+
+absl::StatusOr<Tensor> Tensor::Reshape(TensorShape shape) const {
+  auto checked = TensorShape::Make(shape.dims());
+  if (!checked.ok()) return checked.status();
+  if (shape.num_elements() != num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot reshape ", shape_.ToString(), " to ",
+                                                   shape.ToString(), ": element counts differ"));
+  }
+  return Tensor(dtype_, std::move(shape), data_, size_, owner_);
+}
+
+bool ElementsEqual(const Element& a, const Element& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].Equals(b[i])) return false;
+  }
+  return true;
+}
+
+std::string ElementDebugString(const Element& e) {
+  std::string out = "(";
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (i) absl::StrAppend(&out, ", ");
+    absl::StrAppend(&out, e[i].DebugString());
+  }
+  absl::StrAppend(&out, ")");
+  return out;
+}
+
+}  // namespace sluice

@@ -1,0 +1,131 @@
+// The dataset builder API and local execution.
+//
+//   using sluice::expr::x;
+//   auto ds = sluice::Dataset::Range(5).Map(x * x).Map(x + 1);
+//   auto it = ds.MakeIterator();
+//   while (true) {
+//     auto e = (*it)->Next();          // StatusOr<optional<Element>>
+//     if (!e.ok() || !e->has_value()) break;
+//   }
+//
+// A Dataset is an immutable value: a serializable definition (DatasetDef
+// proto) plus what could be inferred from it when it was built (element
+// spec, cardinality). Building never throws: an invalid step (unknown UDF,
+// wrong arity, dtype mismatch, bad argument) yields a Dataset whose status()
+// holds InvalidArgument naming the op; every later step keeps that first
+// error and MakeIterator() returns it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/core/tensor.h"
+#include "sluice/dataset/element_spec.h"
+#include "sluice/dataset/expr.h"
+
+namespace sluice {
+namespace proto {
+class DatasetDef;
+class DatasetNode;
+}  // namespace proto
+
+// Pulls elements. Not thread-safe: one thread calls Next() at a time.
+class Iterator {
+ public:
+  virtual ~Iterator() = default;
+  // The next element, std::nullopt at end of input, or an error. After an
+  // error or the end, further calls keep returning the same outcome.
+  virtual absl::StatusOr<std::optional<Element>> Next() = 0;
+};
+
+inline constexpr int64_t kInfiniteCardinality = -1;
+inline constexpr int64_t kUnknownCardinality = -2;
+
+class Dataset {
+ public:
+  // ---- sources ----
+  static Dataset Range(int64_t stop);
+  static Dataset Range(int64_t start, int64_t stop, int64_t step = 1);
+  // Each element must have the same number of components with the same
+  // dtypes; shapes may differ (the spec records unknown dims).
+  static Dataset FromTensors(std::vector<Element> elements);
+  // Files matching a glob pattern, sorted, as string scalars. A pattern
+  // matching nothing is NotFound when iterated.
+  static Dataset ListFiles(std::string pattern);
+  // TFRecord files (length, masked CRC32C of length, data, masked CRC32C of
+  // data); each record is a string scalar. CRC mismatch -> DataLoss.
+  static Dataset ReadRecords(std::vector<std::string> files);
+  // `filenames` yields string scalars or vectors of paths.
+  static Dataset ReadRecords(const Dataset& filenames);
+  // Fixed-size records after `header_bytes` and before `footer_bytes`.
+  static Dataset ReadFixedLengthRecords(std::vector<std::string> files, int64_t record_bytes,
+                                        int64_t header_bytes = 0, int64_t footer_bytes = 0);
+  static Dataset ReadFixedLengthRecords(const Dataset& filenames, int64_t record_bytes,
+                                        int64_t header_bytes = 0, int64_t footer_bytes = 0);
+  // Tuples of the inputs' elements; ends with the shortest input.
+  static Dataset Zip(std::vector<Dataset> inputs);
+
+  // Rebuilds and validates a dataset from its definition (what workers do).
+  static absl::StatusOr<Dataset> FromDef(const proto::DatasetDef& def);
+  static absl::StatusOr<Dataset> Deserialize(const std::string& bytes);
+
+  // ---- transforms ----
+  Dataset Map(const Function& fn) const;
+  // `predicate` must yield one bool scalar.
+  Dataset Filter(const Function& predicate) const;
+  // Stacks `batch_size` elements along a new leading dimension; component
+  // shapes within a batch must match.
+  Dataset Batch(int64_t batch_size, bool drop_remainder = false) const;
+  // Splits each component along dimension 0 (all components must agree).
+  Dataset Unbatch() const;
+  // Uniform shuffle through a buffer. Without a seed the order is random;
+  // with one it is reproducible. reshuffle_each_iteration: each new
+  // iterator, and each epoch under Repeat, uses a different order.
+  Dataset Shuffle(int64_t buffer_size, std::optional<uint64_t> seed = std::nullopt,
+                  bool reshuffle_each_iteration = true) const;
+  // count = -1 repeats forever (stopping if an epoch is empty).
+  Dataset Repeat(int64_t count = -1) const;
+  Dataset Take(int64_t count) const;
+  Dataset Skip(int64_t count) const;
+  // Every num_shards-th element starting at index.
+  Dataset Shard(int64_t num_shards, int64_t index) const;
+  // Produces up to buffer_size elements ahead on a background thread.
+  Dataset Prefetch(int64_t buffer_size) const;
+  // Applies `fn` to a one-element dataset per input element (for example a
+  // file name) and interleaves up to cycle_length of the resulting datasets,
+  // block_length elements at a time, deterministically.
+  Dataset Interleave(const std::function<Dataset(const Dataset&)>& fn, int64_t cycle_length,
+                     int64_t block_length = 1) const;
+  // Prepends an int64 scalar counter component.
+  Dataset Enumerate(int64_t start = 0) const;
+
+  // ---- inspection ----
+  const absl::Status& status() const;
+  const ElementSpec& element_spec() const;
+  // Number of elements, kInfiniteCardinality or kUnknownCardinality.
+  int64_t Cardinality() const;
+  // Stable 64-bit hash of the canonical (deterministic) serialization.
+  uint64_t Fingerprint() const;
+  const proto::DatasetDef& def() const;
+  absl::StatusOr<std::string> Serialize() const;
+  std::string DebugString() const;
+
+  // Each call starts a fresh pass over the data.
+  absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator() const;
+
+  // Internal: used by the builder and higher modules.
+  struct Rep;
+  explicit Dataset(std::shared_ptr<Rep> rep) : rep_(std::move(rep)) {}
+  const std::shared_ptr<Rep>& rep() const { return rep_; }
+
+ private:
+  std::shared_ptr<Rep> rep_;
+};
+
+}  // namespace sluice

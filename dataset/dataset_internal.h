@@ -1,0 +1,67 @@
+// Internals shared by the builder (dataset.cc) and the local executor
+// (executor.cc).
+//
+// Every dataset node is analyzed once, bottom-up: its arguments are
+// validated, its element spec and cardinality inferred and its functions
+// compiled. The builder analyzes each new node against its inputs'
+// analyses; FromDef analyzes a whole definition. Iterators are built from
+// the analysis tree and keep it alive.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "dataset/dataset.pb.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/expr_internal.h"
+
+namespace sluice::internal {
+
+struct Analysis {
+  std::shared_ptr<const void> keep_alive;  // owns the proto `node` points into
+  const proto::DatasetNode* node = nullptr;
+  ElementSpec spec;
+  int64_t cardinality = kUnknownCardinality;
+  std::vector<std::shared_ptr<const Analysis>> inputs;
+  std::shared_ptr<const CompiledFunction> fn;  // Map, Filter
+  std::shared_ptr<const Analysis> sub;         // Interleave's per-element dataset
+  std::vector<Element> elements;               // FromTensors, decoded once
+};
+
+// Analyzes `node` whose inputs (in proto field order; Interleave: the input
+// only) have been analyzed. `placeholder` is the spec a Placeholder source
+// stands for (null outside an Interleave function).
+absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeNode(
+    std::shared_ptr<const void> keep_alive, const proto::DatasetNode& node,
+    std::vector<std::shared_ptr<const Analysis>> inputs, std::shared_ptr<const Analysis> sub,
+    const ElementSpec* placeholder);
+
+// Analyzes a whole tree.
+absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeTree(
+    std::shared_ptr<const void> keep_alive, const proto::DatasetNode& node,
+    const ElementSpec* placeholder);
+
+struct IteratorContext {
+  uint64_t salt = 0;                    // varies shuffles per iteration and epoch
+  const Element* placeholder = nullptr;  // the element a Placeholder yields
+};
+
+absl::StatusOr<std::unique_ptr<Iterator>> MakeNodeIterator(
+    std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx);
+
+// Stable 64-bit FNV-1a.
+uint64_t Fnv1a64(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325ull);
+
+}  // namespace sluice::internal
+
+namespace sluice {
+
+struct Dataset::Rep {
+  std::shared_ptr<const proto::DatasetDef> def;
+  absl::Status status;
+  std::shared_ptr<const internal::Analysis> analysis;  // null when !status.ok()
+  mutable std::atomic<uint64_t> iterations{0};
+};
+
+}  // namespace sluice

@@ -1,0 +1,44 @@
+// Type checking and evaluation of expression functions (see expr.h for the
+// semantics). Internal to the dataset module.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "dataset/dataset.pb.h"
+#include "sluice/core/tensor.h"
+#include "sluice/dataset/element_spec.h"
+
+namespace sluice::internal {
+
+// Tensor <-> proto. FromProto validates like a decoded frame.
+proto::TensorProto TensorToProto(const Tensor& t);
+absl::StatusOr<Tensor> TensorFromProto(const proto::TensorProto& p);
+
+// A Function ready to run: constants decoded, UDF resolved. Thread-safe.
+class CompiledFunction {
+ public:
+  // Validates against `input` (which may be partly unknown) and infers the
+  // output spec. `op` names the dataset op for error messages ("Map").
+  static absl::StatusOr<std::shared_ptr<const CompiledFunction>> Compile(
+      const proto::Function& fn, const ElementSpec& input, absl::string_view op);
+  ~CompiledFunction();
+
+  const ElementSpec& output_spec() const { return output_spec_; }
+  absl::StatusOr<Element> Apply(const Element& input) const;
+
+  struct Node;
+
+ private:
+  CompiledFunction() = default;
+  std::string op_;
+  ElementSpec output_spec_;
+  std::vector<std::unique_ptr<Node>> outputs_;
+  const void* udf_ = nullptr;  // const UdfEntry*
+};
+
+}  // namespace sluice::internal

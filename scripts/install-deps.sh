@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs sluice's build and test dependencies from Debian's archive.
+# Idempotent: packages already installed are skipped; nothing is downloaded
+# from anywhere but the configured apt sources.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libabsl-dev
+  libprotobuf-dev protobuf-compiler
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc
+  libucx-dev ucx-utils
+  libhwloc-dev hwloc
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev
+  libspdlog-dev libfmt-dev
+  libcli11-dev
+  zlib1g-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

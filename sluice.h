@@ -1,0 +1,13 @@
+// Umbrella header: everything a trainer or a plugin needs.
+#pragma once
+
+#include "sluice/core/dtype.h"
+#include "sluice/core/frame.h"
+#include "sluice/core/half.h"
+#include "sluice/core/status.h"
+#include "sluice/core/tensor.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/element_spec.h"
+#include "sluice/dataset/expr.h"
+#include "sluice/dataset/tfrecord.h"
+#include "sluice/dataset/udf.h"
