@@ -1,0 +1,53 @@
+// Status-aware GoogleTest helpers shared by all sluice tests.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/core/tensor.h"
+
+#define SLUICE_TEST_CONCAT_INNER_(a, b) a##b
+#define SLUICE_TEST_CONCAT_(a, b) SLUICE_TEST_CONCAT_INNER_(a, b)
+
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const ::absl::Status sluice_s_ = ::sluice_test::ToStatus(expr); \
+    ASSERT_TRUE(sluice_s_.ok()) << sluice_s_;                 \
+  } while (0)
+#define EXPECT_OK(expr)                                       \
+  do {                                                        \
+    const ::absl::Status sluice_s_ = ::sluice_test::ToStatus(expr); \
+    EXPECT_TRUE(sluice_s_.ok()) << sluice_s_;                 \
+  } while (0)
+
+#define ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                               \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();           \
+  lhs = std::move(*tmp)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  ASSERT_OK_AND_ASSIGN_IMPL_(SLUICE_TEST_CONCAT_(sluice_t_, __LINE__), lhs, expr)
+
+// Asserts `expr` (a Status or StatusOr) failed with `code` and a message
+// containing `substr`.
+#define EXPECT_STATUS(expr, code, substr)                                     \
+  do {                                                                        \
+    const ::absl::Status sluice_s_ = ::sluice_test::ToStatus(expr);           \
+    EXPECT_EQ(sluice_s_.code(), code) << sluice_s_;                           \
+    EXPECT_THAT(std::string(sluice_s_.message()), ::testing::HasSubstr(substr)); \
+  } while (0)
+
+namespace sluice_test {
+
+inline absl::Status ToStatus(const absl::Status& s) { return s; }
+template <typename T>
+absl::Status ToStatus(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+}  // namespace sluice_test
