@@ -49,6 +49,9 @@ absl::Status Invalid(absl::string_view op, absl::string_view msg) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", msg));
 }
 
+// Interleave keeps one open dataset per cycle slot.
+constexpr int64_t kMaxCycleLength = 1 << 16;
+
 ComponentSpec ScalarSpec(DType d) { return ComponentSpec{d, std::vector<int64_t>{}}; }
 
 int64_t MulCard(int64_t n, int64_t k) {
@@ -317,6 +320,10 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeNode(
       if (il.cycle_length() <= 0 || il.block_length() <= 0) {
         return Invalid("Interleave", "cycle_length and block_length must be > 0");
       }
+      if (il.cycle_length() > kMaxCycleLength) {
+        return Invalid("Interleave", absl::StrCat("cycle_length ", il.cycle_length(),
+                                                  " exceeds the limit of ", kMaxCycleLength));
+      }
       if (a->sub == nullptr) return Invalid("Interleave", "missing function dataset");
       a->spec = a->sub->spec;
       a->cardinality = in->cardinality == 0 ? 0 : kUnknownCardinality;
@@ -509,6 +516,7 @@ Dataset Dataset::ReadFixedLengthRecords(const Dataset& filenames, int64_t record
 
 Dataset Dataset::Zip(std::vector<Dataset> inputs) {
   proto::DatasetNode n;
+  n.mutable_zip();
   std::vector<const Dataset*> ptrs;
   for (const Dataset& d : inputs) {
     if (!d.status().ok()) return ErrorDataset(d.status());

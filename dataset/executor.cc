@@ -566,48 +566,56 @@ class PrefetchIterator : public NodeIterator {
   std::thread thread_;
 };
 
+// tf.data's deterministic interleave: cycle_length slots visited in turn,
+// block_length elements from each; a slot whose dataset ends is emptied and
+// refilled from the next input element when the cycle comes back to it.
 class InterleaveIterator : public NodeIterator {
  public:
   InterleaveIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
-      : NodeIterator(std::move(a)), in_(std::move(in)), ctx_(ctx) {}
+      : NodeIterator(std::move(a)), in_(std::move(in)), ctx_(ctx),
+        slots_(static_cast<size_t>(node().interleave().cycle_length())) {}
   Result Next() override {
-    const auto& il = node().interleave();
-    while (true) {
-      // Keep the cycle full while the input has elements.
-      while (!in_done_ && static_cast<int64_t>(cycle_.size()) < il.cycle_length()) {
+    while (!in_done_ || open_ > 0) {
+      std::unique_ptr<Iterator>& slot = slots_[cycle_];
+      if (slot != nullptr) {
+        SLUICE_ASSIGN_OR_RETURN(auto e, slot->Next());
+        if (e) {
+          if (++block_ >= node().interleave().block_length()) Advance();
+          return e;
+        }
+        slot.reset();
+        --open_;
+        Advance();
+      } else if (!in_done_) {
         SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
         if (!e) {
           in_done_ = true;
-          break;
+          continue;
         }
         IteratorContext ctx = ctx_;
         ctx.salt = Mix(ctx_.salt, opened_++);
         ctx.placeholder = &*e;
-        SLUICE_ASSIGN_OR_RETURN(auto it, MakeNodeIterator(a_->sub, ctx));
-        cycle_.push_back(std::move(it));
+        SLUICE_ASSIGN_OR_RETURN(slot, MakeNodeIterator(a_->sub, ctx));
+        ++open_;
+      } else {
+        Advance();
       }
-      if (cycle_.empty()) return End();
-      if (pos_ >= cycle_.size()) pos_ = 0;
-      SLUICE_ASSIGN_OR_RETURN(auto e, cycle_[pos_]->Next());
-      if (!e) {
-        cycle_.erase(cycle_.begin() + static_cast<std::ptrdiff_t>(pos_));
-        in_block_ = 0;
-        continue;  // the slot is refilled (at the end) and the next one serves
-      }
-      if (++in_block_ >= il.block_length()) {
-        in_block_ = 0;
-        ++pos_;
-      }
-      return e;
     }
+    return End();
   }
 
  private:
+  void Advance() {
+    block_ = 0;
+    cycle_ = (cycle_ + 1) % slots_.size();
+  }
+
   std::unique_ptr<Iterator> in_;
   IteratorContext ctx_;
-  std::vector<std::unique_ptr<Iterator>> cycle_;
-  size_t pos_ = 0;
-  int64_t in_block_ = 0;
+  std::vector<std::unique_ptr<Iterator>> slots_;
+  size_t cycle_ = 0;
+  int64_t block_ = 0;
+  int64_t open_ = 0;
   uint64_t opened_ = 0;
   bool in_done_ = false;
 };

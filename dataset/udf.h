@@ -59,8 +59,13 @@ class UdfRegistrar {
   UdfRegistrar(const char* name, UdfSignature signature, UdfFn fn);
 };
 
-#define SLUICE_REGISTER_UDF(name, fn, ...)                                 \
-  static const ::sluice::UdfRegistrar sluice_udf_registrar_##name(         \
-      #name, ::sluice::UdfSignature __VA_ARGS__, fn)
+// The signature is a braced UdfSignature initializer; omitted fields keep
+// their defaults (the pragmas keep -Wextra quiet about that).
+#define SLUICE_REGISTER_UDF(name, fn, ...)                                      \
+  _Pragma("GCC diagnostic push")                                                \
+  _Pragma("GCC diagnostic ignored \"-Wmissing-field-initializers\"")           \
+  static const ::sluice::UdfRegistrar sluice_udf_registrar_##name(              \
+      #name, ::sluice::UdfSignature __VA_ARGS__, fn);                           \
+  _Pragma("GCC diagnostic pop")
 
 }  // namespace sluice

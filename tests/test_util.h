@@ -33,12 +33,12 @@
 #define ASSERT_OK_AND_ASSIGN(lhs, expr) \
   ASSERT_OK_AND_ASSIGN_IMPL_(SLUICE_TEST_CONCAT_(sluice_t_, __LINE__), lhs, expr)
 
-// Asserts `expr` (a Status or StatusOr) failed with `code` and a message
+// Asserts `expr` (a Status or StatusOr) failed with `expected_code` and a message
 // containing `substr`.
-#define EXPECT_STATUS(expr, code, substr)                                     \
+#define EXPECT_STATUS(expr, expected_code, substr)                            \
   do {                                                                        \
     const ::absl::Status sluice_s_ = ::sluice_test::ToStatus(expr);           \
-    EXPECT_EQ(sluice_s_.code(), code) << sluice_s_;                           \
+    EXPECT_EQ(sluice_s_.code(), expected_code) << sluice_s_;                  \
     EXPECT_THAT(std::string(sluice_s_.message()), ::testing::HasSubstr(substr)); \
   } while (0)
 
