@@ -1,15 +1,15 @@
 // The local executor: one Iterator class per dataset op.
 #include <glob.h>
 
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <random>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset_internal.h"
 #include "sluice/dataset/tfrecord.h"
@@ -39,6 +39,16 @@ class NodeIterator : public Iterator {
  protected:
   const proto::DatasetNode& node() const { return *a_->node; }
   AnalysisPtr a_;
+};
+
+// An op with one input iterator.
+class UnaryIterator : public NodeIterator {
+ public:
+  UnaryIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
+      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+
+ protected:
+  std::unique_ptr<Iterator> in_;
 };
 
 class RangeIterator : public NodeIterator {
@@ -225,10 +235,9 @@ class FixedLengthIterator : public FileReaderIterator {
   int64_t remaining_ = 0;
 };
 
-class MapIterator : public NodeIterator {
+class MapIterator : public UnaryIterator {
  public:
-  MapIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   Result Next() override {
     SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
     if (!e) return End();
@@ -236,14 +245,11 @@ class MapIterator : public NodeIterator {
     return Some(std::move(out));
   }
 
- private:
-  std::unique_ptr<Iterator> in_;
 };
 
-class FilterIterator : public NodeIterator {
+class FilterIterator : public UnaryIterator {
  public:
-  FilterIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   Result Next() override {
     while (true) {
       SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
@@ -257,8 +263,6 @@ class FilterIterator : public NodeIterator {
     }
   }
 
- private:
-  std::unique_ptr<Iterator> in_;
 };
 
 // Stacks equal-shaped tensors along a new leading dimension.
@@ -291,10 +295,9 @@ absl::StatusOr<Tensor> Stack(const std::vector<const Tensor*>& parts, size_t com
   return out;
 }
 
-class BatchIterator : public NodeIterator {
+class BatchIterator : public UnaryIterator {
  public:
-  BatchIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   Result Next() override {
     const auto& b = node().batch();
     std::vector<Element> batch;
@@ -320,8 +323,6 @@ class BatchIterator : public NodeIterator {
     return Some(std::move(out));
   }
 
- private:
-  std::unique_ptr<Iterator> in_;
 };
 
 // Row i of `t` along dimension 0: a view for fixed-width dtypes.
@@ -338,10 +339,9 @@ absl::StatusOr<Tensor> Row(const Tensor& t, int64_t i) {
   return Tensor::View(t.dtype(), std::move(shape), t.data() + i * row_bytes, row_bytes, t.owner());
 }
 
-class UnbatchIterator : public NodeIterator {
+class UnbatchIterator : public UnaryIterator {
  public:
-  UnbatchIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   Result Next() override {
     while (row_ >= rows_) {
       SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
@@ -373,15 +373,14 @@ class UnbatchIterator : public NodeIterator {
   }
 
  private:
-  std::unique_ptr<Iterator> in_;
   Element cur_;
   int64_t row_ = 0, rows_ = 0;
 };
 
-class ShuffleIterator : public NodeIterator {
+class ShuffleIterator : public UnaryIterator {
  public:
   ShuffleIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, uint64_t salt)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {
+      : UnaryIterator(std::move(a), std::move(in)) {
     const auto& s = node().shuffle();
     uint64_t seed = s.has_seed() ? s.seed() : std::random_device{}() ^
                                                   (uint64_t{std::random_device{}()} << 32);
@@ -408,7 +407,6 @@ class ShuffleIterator : public NodeIterator {
   }
 
  private:
-  std::unique_ptr<Iterator> in_;
   std::mt19937_64 rng_;
   std::vector<Element> buf_;
   bool in_done_ = false;
@@ -454,10 +452,9 @@ class RepeatIterator : public NodeIterator {
   bool produced_this_epoch_ = false;
 };
 
-class TakeIterator : public NodeIterator {
+class TakeIterator : public UnaryIterator {
  public:
-  TakeIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   Result Next() override {
     int64_t c = node().take().count();
     if (c != -1 && taken_ >= c) return End();
@@ -467,14 +464,12 @@ class TakeIterator : public NodeIterator {
   }
 
  private:
-  std::unique_ptr<Iterator> in_;
   int64_t taken_ = 0;
 };
 
-class SkipIterator : public NodeIterator {
+class SkipIterator : public UnaryIterator {
  public:
-  SkipIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   Result Next() override {
     int64_t c = node().skip().count();
     while (c == -1 || skipped_ < c) {
@@ -486,14 +481,12 @@ class SkipIterator : public NodeIterator {
   }
 
  private:
-  std::unique_ptr<Iterator> in_;
   int64_t skipped_ = 0;
 };
 
-class ShardIterator : public NodeIterator {
+class ShardIterator : public UnaryIterator {
  public:
-  ShardIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   Result Next() override {
     const auto& s = node().shard();
     while (true) {
@@ -505,64 +498,56 @@ class ShardIterator : public NodeIterator {
   }
 
  private:
-  std::unique_ptr<Iterator> in_;
   int64_t pos_ = 0;
 };
 
 // Runs the input on a background thread, at most buffer_size elements ahead.
-// The thread is started on the first Next() and joined in the destructor.
-class PrefetchIterator : public NodeIterator {
+// Threads: the consumer calls Next(); the producer thread (started by the
+// first Next(), joined by the destructor) is the only caller of in_->Next().
+class PrefetchIterator : public UnaryIterator {
  public:
-  PrefetchIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  using UnaryIterator::UnaryIterator;
   ~PrefetchIterator() override {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  Result Next() override {
+  Result Next() override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !buf_.empty(); });
-    Result r = std::move(buf_.front());
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::deque<Result>* b) { return !b->empty(); }, &buf_));
+    Result r = buf_.front();
     // The terminal result (end or error) stays queued so it repeats.
-    if (r.ok() && r->has_value()) {
-      buf_.pop_front();
-      cv_.notify_all();
-    } else {
-      buf_.front() = r;
-    }
+    if (r.ok() && r->has_value()) buf_.pop_front();
     return r;
   }
 
  private:
-  void Run() {
-    size_t cap = static_cast<size_t>(node().prefetch().buffer_size());
+  void Run() ABSL_LOCKS_EXCLUDED(mu_) {
+    const size_t cap = static_cast<size_t>(node().prefetch().buffer_size());
+    auto has_room = [this, cap]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || buf_.size() < cap;
+    };
     while (true) {
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return stop_ || buf_.size() < cap; });
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(&has_room));
         if (stop_) return;
       }
       Result r = in_->Next();
       bool terminal = !r.ok() || !r->has_value();
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        buf_.push_back(std::move(r));
-      }
-      cv_.notify_all();
+      absl::MutexLock l(&mu_);
+      buf_.push_back(std::move(r));
       if (terminal) return;
     }
   }
 
-  std::unique_ptr<Iterator> in_;  // used only by the thread once it runs
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Result> buf_;  // guarded by mu_
-  bool stop_ = false;       // guarded by mu_
+  absl::Mutex mu_;
+  std::deque<Result> buf_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
@@ -620,10 +605,10 @@ class InterleaveIterator : public NodeIterator {
   bool in_done_ = false;
 };
 
-class EnumerateIterator : public NodeIterator {
+class EnumerateIterator : public UnaryIterator {
  public:
   EnumerateIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : NodeIterator(std::move(a)), in_(std::move(in)), next_(node().enumerate().start()) {}
+      : UnaryIterator(std::move(a), std::move(in)), next_(node().enumerate().start()) {}
   Result Next() override {
     SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
     if (!e) return End();
@@ -635,7 +620,6 @@ class EnumerateIterator : public NodeIterator {
   }
 
  private:
-  std::unique_ptr<Iterator> in_;
   int64_t next_;
 };
 

@@ -4,10 +4,11 @@
 #include <stdlib.h>
 
 #include <map>
-#include <mutex>
 #include <set>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 
@@ -15,15 +16,17 @@ namespace sluice {
 namespace {
 
 struct Registry {
-  std::mutex mu;
-  std::map<std::string, std::unique_ptr<UdfEntry>> udfs;  // entries never move or die
-  // Serializes LoadPlugin; while a plugin loads, registration errors are
-  // collected here for LoadPlugin to report.
-  std::mutex load_mu;
-  bool loading = false;
-  std::vector<std::string> load_errors;
-  std::set<std::string> loaded_paths;
+  absl::Mutex mu;
+  // Entries never move or die once registered.
+  std::map<std::string, std::unique_ptr<UdfEntry>> udfs ABSL_GUARDED_BY(mu);
+  // Serializes LoadPlugin.
+  absl::Mutex load_mu;
+  std::set<std::string> loaded_paths ABSL_GUARDED_BY(load_mu);
 };
+
+// Set by LoadPlugin around dlopen: a plugin's registrations run inside
+// dlopen on the loading thread, and their errors are collected here.
+thread_local std::vector<std::string>* t_plugin_load_errors = nullptr;
 
 Registry& GetRegistry() {
   static Registry* r = new Registry();  // never destroyed: UDFs may run at exit
@@ -36,7 +39,7 @@ absl::Status RegisterUdf(std::string name, UdfSignature signature, UdfFn fn) {
   if (name.empty()) return absl::InvalidArgumentError("a UDF needs a non-empty name");
   if (!fn) return absl::InvalidArgumentError(absl::StrCat("UDF '", name, "' has no function"));
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   if (r.udfs.count(name)) {
     return absl::AlreadyExistsError(absl::StrCat("UDF '", name, "' is already registered"));
   }
@@ -50,7 +53,7 @@ absl::Status RegisterUdf(std::string name, UdfSignature signature, UdfFn fn) {
 
 absl::StatusOr<const UdfEntry*> FindUdf(const std::string& name) {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   auto it = r.udfs.find(name);
   if (it == r.udfs.end()) {
     std::vector<std::string> names;
@@ -65,7 +68,7 @@ absl::StatusOr<const UdfEntry*> FindUdf(const std::string& name) {
 
 std::vector<std::string> RegisteredUdfNames() {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  absl::MutexLock lock(&r.mu);
   std::vector<std::string> names;
   for (const auto& [n, e] : r.udfs) names.push_back(n);
   return names;
@@ -74,10 +77,8 @@ std::vector<std::string> RegisteredUdfNames() {
 UdfRegistrar::UdfRegistrar(const char* name, UdfSignature signature, UdfFn fn) {
   absl::Status s = RegisterUdf(name, std::move(signature), std::move(fn));
   if (s.ok()) return;
-  Registry& r = GetRegistry();
-  // load_mu is held by LoadPlugin while dlopen runs this constructor.
-  if (r.loading) {
-    r.load_errors.push_back(std::string(s.message()));
+  if (t_plugin_load_errors != nullptr) {
+    t_plugin_load_errors->push_back(std::string(s.message()));
   } else {
     spdlog::error("sluice: {}", std::string(s.message()));
   }
@@ -85,7 +86,7 @@ UdfRegistrar::UdfRegistrar(const char* name, UdfSignature signature, UdfFn fn) {
 
 absl::Status LoadPlugin(const std::string& path) {
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.load_mu);
+  absl::MutexLock lock(&r.load_mu);
   char* resolved = realpath(path.c_str(), nullptr);
   if (resolved == nullptr) {
     return absl::NotFoundError(absl::StrCat("plugin '", path, "' does not exist"));
@@ -93,10 +94,10 @@ absl::Status LoadPlugin(const std::string& path) {
   std::string canonical(resolved);
   free(resolved);
   if (r.loaded_paths.count(canonical)) return absl::OkStatus();
-  r.loading = true;
-  r.load_errors.clear();
+  std::vector<std::string> errors;
+  t_plugin_load_errors = &errors;
   void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
-  r.loading = false;
+  t_plugin_load_errors = nullptr;
   if (handle == nullptr) {
     const char* err = dlerror();
     return absl::InvalidArgumentError(absl::StrCat("cannot load plugin '", path,
@@ -105,9 +106,9 @@ absl::Status LoadPlugin(const std::string& path) {
   // The handle is kept open for the life of the process: registered UDFs
   // point into it.
   r.loaded_paths.insert(canonical);
-  if (!r.load_errors.empty()) {
+  if (!errors.empty()) {
     return absl::AlreadyExistsError(absl::StrCat("plugin '", path, "': ",
-                                                 absl::StrJoin(r.load_errors, "; ")));
+                                                 absl::StrJoin(errors, "; ")));
   }
   spdlog::info("sluice: loaded plugin {}", canonical);
   return absl::OkStatus();
