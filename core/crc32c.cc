@@ -27,7 +27,7 @@ constexpr std::array<std::array<uint32_t, 256>, 4> MakeTables() {
 
 constexpr auto kTables = MakeTables();
 
-uint32_t ExtendPortable(uint32_t crc, const uint8_t* p, size_t n) {
+uint32_t ExtendTables(uint32_t crc, const uint8_t* p, size_t n) {
   uint32_t c = ~crc;
   while (n >= 4) {
     uint32_t w;
@@ -67,7 +67,13 @@ uint32_t Extend(uint32_t crc, const void* data, size_t n) {
   static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
   if (has_sse42) return ExtendSse42(crc, p, n);
 #endif
-  return ExtendPortable(crc, p, n);
+  return ExtendTables(crc, p, n);
 }
+
+namespace internal {
+uint32_t ExtendPortable(uint32_t crc, const void* data, size_t n) {
+  return ExtendTables(crc, static_cast<const uint8_t*>(data), n);
+}
+}  // namespace internal
 
 }  // namespace sluice::crc32c

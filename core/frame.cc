@@ -57,6 +57,9 @@ absl::StatusOr<FrameLayout> ComputeFrameLayout(const Element& element) {
 }
 
 absl::Status EncodeFrame(const Element& element, uint16_t flags, absl::Span<uint8_t> out) {
+  if (flags & ~(kFrameEndOfSequence | kFrameSkip)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown frame flags 0x", absl::Hex(flags)));
+  }
   auto layout = ComputeFrameLayout(element);
   if (!layout.ok()) return layout.status();
   if (out.size() < layout->frame_size()) {

@@ -134,6 +134,8 @@ absl::StatusOr<Tensor> Tensor::View(DType dtype, TensorShape shape, const void* 
 
 absl::StatusOr<Tensor> MakeStringTensor(const std::vector<std::string_view>& values,
                                         TensorShape shape) {
+  auto checked = TensorShape::Make(shape.dims());  // before num_elements(), which may overflow
+  if (!checked.ok()) return checked.status();
   if (shape.num_elements() != static_cast<int64_t>(values.size())) {
     return absl::InvalidArgumentError(absl::StrCat("shape ", shape.ToString(), " holds ",
                                                    shape.num_elements(), " strings but ",
@@ -212,9 +214,16 @@ void AppendValues(const Tensor& t, size_t max, std::string* out) {
   auto vals = t.values<T>();
   for (size_t i = 0; i < vals.size() && i < max; ++i) {
     if (i) absl::StrAppend(out, ", ");
-    T v;
-    std::memcpy(&v, &vals[i], sizeof(T));
-    absl::StrAppend(out, FormatValue(v));
+    if constexpr (std::is_same_v<T, bool>) {
+      // Read the byte, not a bool: viewed (untrusted) bytes may be neither 0 nor 1.
+      uint8_t byte;
+      std::memcpy(&byte, &vals[i], 1);
+      absl::StrAppend(out, FormatValue(byte != 0));
+    } else {
+      T v;
+      std::memcpy(&v, &vals[i], sizeof(T));
+      absl::StrAppend(out, FormatValue(v));
+    }
   }
   if (vals.size() > max) absl::StrAppend(out, ", ...");
 }

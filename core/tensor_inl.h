@@ -28,6 +28,8 @@ constexpr DType DTypeOf() {
 
 template <typename T>
 absl::StatusOr<Tensor> Tensor::FromVector(const std::vector<T>& values, TensorShape shape) {
+  auto checked = TensorShape::Make(shape.dims());  // before num_elements(), which may overflow
+  if (!checked.ok()) return checked.status();
   if (shape.num_elements() != static_cast<int64_t>(values.size())) {
     return ShapeMismatch(shape, values.size());
   }
