@@ -11,3 +11,6 @@
 #include "sluice/dataset/expr.h"
 #include "sluice/dataset/tfrecord.h"
 #include "sluice/dataset/udf.h"
+#include "sluice/control/dispatch_server.h"
+#include "sluice/worker/worker_server.h"
+#include "sluice/client/distribute.h"

@@ -357,6 +357,24 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeNode(
       else a->cardinality = card;
       break;
     }
+    case proto::DatasetNode::kDataService: {
+      const auto& d = node.data_service();
+      if (d.has_dataset() == !d.dataset_id().empty()) {
+        return Invalid("Distribute", "needs exactly one of a dataset definition or a dataset_id");
+      }
+      if (d.max_outstanding_requests() <= 0) {
+        return Invalid("Distribute", "max_outstanding_requests must be > 0");
+      }
+      a->repetitions = std::make_shared<std::atomic<int64_t>>(0);
+      if (a->sub != nullptr) {
+        a->spec = a->sub->spec;
+        a->cardinality = a->sub->cardinality == kInfiniteCardinality ? kInfiniteCardinality
+                                                                      : kUnknownCardinality;
+      } else {
+        a->spec = ElementSpec::Unknown();
+      }
+      break;
+    }
     case proto::DatasetNode::OP_NOT_SET:
       return absl::InvalidArgumentError("dataset definition has an empty node");
   }
@@ -402,7 +420,25 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeTree(
   if (fn != nullptr) {
     SLUICE_ASSIGN_OR_RETURN(sub, AnalyzeTree(keep_alive, *fn, &inputs[0]->spec));
   }
+  if (node.op_case() == proto::DatasetNode::kDataService && node.data_service().has_dataset()) {
+    // The pipeline before Distribute; analyzed here for its spec (workers
+    // analyze it again when they run it).
+    SLUICE_ASSIGN_OR_RETURN(sub,
+                            AnalyzeTree(keep_alive, node.data_service().dataset().root(), nullptr));
+  }
   return AnalyzeNode(std::move(keep_alive), node, std::move(inputs), std::move(sub), placeholder);
+}
+
+namespace {
+std::atomic<DataServiceIteratorFactory> g_data_service_factory{nullptr};
+}  // namespace
+
+void SetDataServiceIteratorFactory(DataServiceIteratorFactory factory) {
+  g_data_service_factory.store(factory);
+}
+
+DataServiceIteratorFactory GetDataServiceIteratorFactory() {
+  return g_data_service_factory.load();
 }
 
 }  // namespace internal
@@ -452,6 +488,17 @@ Dataset FilenamesDataset(std::vector<std::string> files) {
 }
 
 }  // namespace
+
+namespace internal {
+Dataset MakeErrorDataset(absl::Status s) { return ErrorDataset(std::move(s)); }
+
+Dataset MakeDataServiceDataset(proto::DatasetNode node, const Dataset* input) {
+  if (input != nullptr && !input->status().ok()) return ErrorDataset(input->status());
+  std::vector<const Dataset*> none;
+  return Finish(std::move(node), none,
+                input != nullptr ? input->rep()->analysis : nullptr);
+}
+}  // namespace internal
 
 Dataset Dataset::Range(int64_t stop) { return Range(0, stop, 1); }
 
@@ -632,24 +679,34 @@ const proto::DatasetDef& Dataset::def() const {
   return rep_->def ? *rep_->def : *empty;
 }
 
-absl::StatusOr<std::string> Dataset::Serialize() const {
-  SLUICE_RETURN_IF_ERROR(status());
+namespace internal {
+
+std::string CanonicalBytes(const proto::DatasetDef& def) {
   std::string out;
   {
     google::protobuf::io::StringOutputStream stream(&out);
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
-    if (!def().SerializeToCodedStream(&coded)) {
-      return absl::InternalError("cannot serialize the dataset definition");
-    }
+    def.SerializeToCodedStream(&coded);
   }
   return out;
 }
 
+uint64_t DefFingerprint(const proto::DatasetDef& def) {
+  std::string bytes = CanonicalBytes(def);
+  return Fnv1a64(bytes.data(), bytes.size());
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::string> Dataset::Serialize() const {
+  SLUICE_RETURN_IF_ERROR(status());
+  return internal::CanonicalBytes(def());
+}
+
 uint64_t Dataset::Fingerprint() const {
-  auto bytes = Serialize();
-  if (!bytes.ok()) return 0;
-  return internal::Fnv1a64(bytes->data(), bytes->size());
+  if (!status().ok()) return 0;
+  return internal::DefFingerprint(def());
 }
 
 std::string Dataset::DebugString() const {

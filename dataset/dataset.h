@@ -35,6 +35,8 @@ class DatasetDef;
 class DatasetNode;
 }  // namespace proto
 
+struct DistributeOptions;  // client/distribute.h
+
 // Pulls elements. Not thread-safe: one thread calls Next() at a time.
 class Iterator {
  public:
@@ -104,6 +106,15 @@ class Dataset {
                      int64_t block_length = 1) const;
   // Prepends an int64 scalar counter component.
   Dataset Enumerate(int64_t start = 0) const;
+
+  // ---- the service (implemented by the client library, client/distribute.h) ----
+  // Everything before Distribute runs on the service's workers; the
+  // elements stream to this process, where later steps run. Each
+  // MakeIterator() of the result is a new iteration of the job.
+  Dataset Distribute(const DistributeOptions& options) const;
+  // Reads a dataset registered with RegisterDataset(service, dataset).
+  static Dataset FromDatasetId(const std::string& processing_mode, const std::string& service,
+                               const std::string& dataset_id, const DistributeOptions& options);
 
   // ---- inspection ----
   const absl::Status& status() const;

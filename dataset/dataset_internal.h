@@ -27,7 +27,24 @@ struct Analysis {
   std::shared_ptr<const CompiledFunction> fn;  // Map, Filter
   std::shared_ptr<const Analysis> sub;         // Interleave's per-element dataset
   std::vector<Element> elements;               // FromTensors, decoded once
+  // DataService: counts the iterators created, so each is the next
+  // repetition (iteration) of the job.
+  std::shared_ptr<std::atomic<int64_t>> repetitions;
 };
+
+// Creates the client-side iterator of a DataService node; installed by the
+// client library (client/distribute.cc) when Distribute/FromDatasetId is
+// first used.
+using DataServiceIteratorFactory = absl::StatusOr<std::unique_ptr<Iterator>> (*)(
+    const proto::DatasetNode::DataService& node, int64_t repetition);
+void SetDataServiceIteratorFactory(DataServiceIteratorFactory factory);
+DataServiceIteratorFactory GetDataServiceIteratorFactory();
+
+// A dataset whose status() is `s` (for builders in other modules).
+Dataset MakeErrorDataset(absl::Status s);
+
+// Wraps an analyzed DataService node into a Dataset (used by the client).
+Dataset MakeDataServiceDataset(proto::DatasetNode node, const Dataset* input);
 
 // Analyzes `node` whose inputs (in proto field order; Interleave: the input
 // only) have been analyzed. `placeholder` is the spec a Placeholder source
@@ -52,6 +69,12 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeNodeIterator(
 
 // Stable 64-bit FNV-1a.
 uint64_t Fnv1a64(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325ull);
+
+// The canonical (deterministic) serialization of a definition, and its
+// fingerprint: what Dataset::Fingerprint() and the dispatcher's dataset
+// deduplication use.
+std::string CanonicalBytes(const proto::DatasetDef& def);
+uint64_t DefFingerprint(const proto::DatasetDef& def);
 
 }  // namespace sluice::internal
 

@@ -685,6 +685,16 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeUnsticky(AnalysisPtr a, const Iter
       }
       return std::unique_ptr<Iterator>(new ZipIterator(std::move(a), std::move(in)));
     }
+    case proto::DatasetNode::kDataService: {
+      DataServiceIteratorFactory factory = GetDataServiceIteratorFactory();
+      if (factory == nullptr) {
+        return absl::FailedPreconditionError(
+            "this dataset reads from the sluice service; link the sluice client library "
+            "(sluice::client or sluice::sluice)");
+      }
+      int64_t repetition = a->repetitions->fetch_add(1);
+      return factory(n.data_service(), repetition);
+    }
     case proto::DatasetNode::OP_NOT_SET:
       return absl::InvalidArgumentError("dataset definition has an empty node");
     default:

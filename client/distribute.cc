@@ -1,0 +1,475 @@
+// Distribute / FromDatasetId / RegisterDataset and the data-service
+// iterator.
+//
+// The iterator's threads (all started in Create, joined in the destructor):
+//  - a heartbeat thread long-polls ClientHeartbeat to learn the
+//    iteration's tasks, lost tasks, failure and end;
+//  - min(max_outstanding_requests, kMaxFetchers) fetcher threads each keep
+//    one GetElement in flight, round-robin over readable tasks, so at most
+//    max_outstanding_requests elements are requested or buffered at once.
+// Next() runs on the caller's thread and takes buffered elements.
+#include "sluice/client/distribute.h"
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "control/service.grpc.pb.h"
+#include "sluice/control/dispatcher_impl.h"
+#include "sluice/control/grpc_util.h"
+#include "sluice/core/status.h"
+#include "sluice/dataplane/element_transport.h"
+#include "sluice/dataset/dataset_internal.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kMaxFetchers = 64;
+constexpr absl::Duration kHeartbeatWait = absl::Milliseconds(1000);
+constexpr absl::Duration kElementWait = absl::Milliseconds(500);
+
+struct Counters {
+  std::atomic<int64_t> elements{0}, bytes{0}, lost_tasks{0}, worker_errors{0}, started{0},
+      released{0};
+};
+Counters& GetCounters() {
+  static Counters* c = new Counters();
+  return *c;
+}
+
+absl::Status Unreachable(const std::string& address, int64_t timeout_ms, const grpc::Status& s) {
+  return absl::UnavailableError(absl::StrCat("cannot reach the sluice dispatcher at ", address,
+                                             " within ", timeout_ms, " ms (", s.error_message(),
+                                             ")"));
+}
+
+// Runs a unary dispatcher call that waits for the channel to connect, up to
+// `timeout_ms`; transport failures become Unavailable naming the address.
+template <typename Req, typename Resp, typename Method>
+absl::Status Call(proto::DispatcherService::Stub* stub, Method method, const Req& req, Resp* resp,
+                  const std::string& address, int64_t timeout_ms) {
+  grpc::ClientContext ctx;
+  internal::SetTimeout(&ctx, absl::Milliseconds(timeout_ms));
+  ctx.set_wait_for_ready(true);
+  grpc::Status s = (stub->*method)(&ctx, req, resp);
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return Unreachable(address, timeout_ms, s);
+  }
+  return internal::FromGrpcStatus(s, address);
+}
+
+class DataServiceIterator final : public Iterator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Iterator>> Create(
+      const proto::DatasetNode::DataService& node, int64_t repetition) {
+    SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(node.service()));
+    SLUICE_ASSIGN_OR_RETURN(proto::ProcessingMode mode,
+                            internal::ParseProcessingMode(node.processing_mode()));
+    std::unique_ptr<DataServiceIterator> it(new DataServiceIterator(node, address));
+    const int64_t timeout = node.dispatcher_timeout_ms();
+    std::string dataset_id = node.dataset_id();
+    if (node.has_dataset()) {
+      proto::RegisterDatasetRequest req;
+      *req.mutable_dataset() = node.dataset();
+      proto::RegisterDatasetResponse resp;
+      SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(), &proto::DispatcherService::Stub::RegisterDataset,
+                                  req, &resp, address, timeout));
+      dataset_id = resp.dataset_id();
+    }
+    proto::GetOrCreateJobRequest job_req;
+    job_req.set_dataset_id(dataset_id);
+    job_req.set_processing_mode(mode);
+    job_req.set_job_name(node.job_name());
+    job_req.set_num_consumers(node.num_consumers());
+    proto::GetOrCreateJobResponse job;
+    SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(), &proto::DispatcherService::Stub::GetOrCreateJob,
+                                job_req, &job, address, timeout));
+    proto::GetOrCreateIterationRequest iter_req;
+    iter_req.set_job_id(job.job_id());
+    iter_req.set_repetition(repetition);
+    proto::GetOrCreateIterationResponse iter;
+    SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(),
+                                &proto::DispatcherService::Stub::GetOrCreateIteration, iter_req,
+                                &iter, address, timeout));
+    it->client_id_ = iter.iteration_client_id();
+    GetCounters().started++;
+    // Learn the current tasks at once; the heartbeat thread retries
+    // transport failures.
+    absl::Status hb = it->Heartbeat(absl::ZeroDuration());
+    if (!hb.ok() && !absl::IsUnavailable(hb) && !absl::IsDeadlineExceeded(hb)) return hb;
+    it->StartThreads();
+    return std::unique_ptr<Iterator>(std::move(it));
+  }
+
+  ~DataServiceIterator() override {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+      for (auto& [id, t] : tasks_) t.transport->Cancel();
+      if (heartbeat_ctx_ != nullptr) heartbeat_ctx_->TryCancel();
+    }
+    for (auto& t : threads_) t.join();
+    if (client_id_ != 0) {
+      proto::ReleaseIterationClientRequest req;
+      req.set_iteration_client_id(client_id_);
+      proto::ReleaseIterationClientResponse resp;
+      grpc::ClientContext ctx;
+      internal::SetTimeout(&ctx, absl::Seconds(1));
+      grpc::Status s = stub_->ReleaseIterationClient(&ctx, req, &resp);
+      if (s.ok()) GetCounters().released++;
+    }
+  }
+
+  absl::StatusOr<std::optional<Element>> Next() override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !results_.empty() || !error_.ok() || DoneLocked();
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (!results_.empty()) {
+      Element e = std::move(results_.front());
+      results_.pop_front();
+      return std::optional<Element>(std::move(e));
+    }
+    if (!error_.ok()) return error_;
+    return std::optional<Element>();
+  }
+
+ private:
+  struct Task {
+    int64_t id = 0;
+    std::string worker;
+    std::shared_ptr<ElementTransport> transport;
+    bool end_of_sequence = false;
+    bool lost = false;
+    int64_t received = 0;
+    int failures = 0;
+    absl::Time retry_after = absl::InfinitePast();
+  };
+
+  DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address)
+      : node_(node),
+        address_(std::move(address)),
+        stub_(proto::DispatcherService::NewStub(internal::MakeChannel(address_))) {}
+
+  bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!iteration_finished_ || in_flight_ > 0) return false;
+    for (const auto& [id, t] : tasks_) {
+      if (!t.end_of_sequence && !t.lost) return false;
+    }
+    return true;
+  }
+
+  void StartThreads() {
+    threads_.emplace_back([this] { HeartbeatLoop(); });
+    int64_t n = std::min<int64_t>(node_.max_outstanding_requests(), kMaxFetchers);
+    for (int64_t i = 0; i < n; ++i) threads_.emplace_back([this] { FetchLoop(); });
+  }
+
+  // One heartbeat; records tasks, losses, failure and the end.
+  absl::Status Heartbeat(absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_) {
+    proto::ClientHeartbeatRequest req;
+    req.set_iteration_client_id(client_id_);
+    grpc::ClientContext ctx;
+    internal::SetTimeout(&ctx, wait + absl::Seconds(5));
+    {
+      absl::MutexLock l(&mu_);
+      if (stop_) return absl::CancelledError("stopping");
+      req.set_known_version(version_);
+      req.set_wait_ms(absl::ToInt64Milliseconds(wait));
+      heartbeat_ctx_ = &ctx;
+    }
+    proto::ClientHeartbeatResponse resp;
+    grpc::Status s = stub_->ClientHeartbeat(&ctx, req, &resp);
+    absl::MutexLock l(&mu_);
+    heartbeat_ctx_ = nullptr;
+    if (!s.ok()) return internal::FromGrpcStatus(s, absl::StrCat("heartbeat to ", address_));
+    version_ = resp.version();
+    for (const proto::TaskInfo& info : resp.tasks()) {
+      auto it = tasks_.find(info.task_id());
+      if (it == tasks_.end()) {
+        std::string protocol = node_.data_transfer_protocol();
+        auto transport = MakeElementTransport(protocol, info.transfer_address());
+        if (!transport.ok()) {
+          error_ = transport.status();
+          return error_;
+        }
+        Task t;
+        t.id = info.task_id();
+        t.worker = info.worker_address();
+        t.transport = std::move(*transport);
+        it = tasks_.emplace(t.id, std::move(t)).first;
+      }
+      Task& t = it->second;
+      if (info.lost() && !t.lost && !t.end_of_sequence) {
+        t.lost = true;
+        t.transport->Cancel();
+        GetCounters().lost_tasks++;
+        spdlog::warn(
+            "sluice client: lost task {} on worker {} after receiving {} element(s) from it; "
+            "the rest of its output is lost and the iteration continues from the remaining "
+            "workers",
+            t.id, t.worker, t.received);
+      }
+    }
+    if (resp.has_error() && resp.error().code() != 0 && error_.ok()) {
+      error_ = internal::FromProto(resp.error());
+    }
+    iteration_finished_ = resp.iteration_finished();
+    ++generation_;
+    return absl::OkStatus();
+  }
+
+  void HeartbeatLoop() {
+    absl::Time failing_since = absl::InfiniteFuture();
+    while (true) {
+      absl::Status s = Heartbeat(kHeartbeatWait);
+      absl::MutexLock l(&mu_);
+      if (stop_ || !error_.ok() || DoneLocked()) return;
+      if (s.ok()) {
+        failing_since = absl::InfiniteFuture();
+        continue;
+      }
+      if (absl::IsNotFound(s)) {  // our iteration client was released or timed out
+        error_ = s;
+        return;
+      }
+      absl::Time now = absl::Now();
+      if (failing_since == absl::InfiniteFuture()) failing_since = now;
+      if (now - failing_since > absl::Milliseconds(node_.dispatcher_timeout_ms())) {
+        error_ = absl::UnavailableError(absl::StrCat(
+            "lost contact with the sluice dispatcher at ", address_, " for more than ",
+            node_.dispatcher_timeout_ms(), " ms: ", s.message()));
+        return;
+      }
+      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(200));
+    }
+  }
+
+  // Picks the next readable task after `rr_`; null if none.
+  Task* PickTaskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Time now = absl::Now();
+    auto start = tasks_.upper_bound(rr_);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (auto it = pass == 0 ? start : tasks_.begin(); it != tasks_.end(); ++it) {
+        if (pass == 1 && it == start) break;
+        Task& t = it->second;
+        if (!t.end_of_sequence && !t.lost && t.retry_after <= now) {
+          rr_ = t.id;
+          return &t;
+        }
+      }
+    }
+    return nullptr;
+  }
+
+  void FetchLoop() ABSL_LOCKS_EXCLUDED(mu_) {
+    const int64_t max = node_.max_outstanding_requests();
+    while (true) {
+      std::shared_ptr<ElementTransport> transport;
+      int64_t task_id;
+      {
+        absl::MutexLock l(&mu_);
+        while (true) {
+          if (stop_ || !error_.ok() || DoneLocked()) return;
+          Task* t = nullptr;
+          if (static_cast<int64_t>(results_.size()) + in_flight_ < max) t = PickTaskLocked();
+          if (t != nullptr) {
+            transport = t->transport;
+            task_id = t->id;
+            break;
+          }
+          // Nothing readable now: wait for a change (or a retry time).
+          const int64_t seen = generation_;
+          auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return stop_ || !error_.ok() || generation_ != seen;
+          };
+          mu_.AwaitWithTimeout(absl::Condition(&woken), absl::Milliseconds(50));
+        }
+        ++in_flight_;
+      }
+      ElementRequest req;
+      req.task_id = task_id;
+      req.consumer_index = node_.consumer_index();
+      req.wait = kElementWait;
+      auto r = transport->GetElement(req);
+      absl::MutexLock l(&mu_);
+      --in_flight_;
+      ++generation_;
+      auto it = tasks_.find(task_id);
+      if (it == tasks_.end()) continue;
+      Task& t = it->second;
+      if (r.ok()) {
+        t.failures = 0;
+        if (r->end_of_sequence) {
+          t.end_of_sequence = true;
+        } else if (!r->not_ready) {
+          ++t.received;
+          GetCounters().elements++;
+          GetCounters().bytes += static_cast<int64_t>(r->bytes);
+          results_.push_back(std::move(r->element));
+        }
+        continue;
+      }
+      if (stop_ || t.lost) continue;
+      absl::Status s = r.status();
+      if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) {
+        // The worker may be restarting or gone; the dispatcher decides
+        // (it marks the task lost after worker_timeout_ms).
+        GetCounters().worker_errors++;
+        if (t.failures++ == 0) {
+          spdlog::warn("sluice client: task {} on worker {}: {}; retrying", t.id, t.worker,
+                       std::string(s.message()));
+        }
+        t.retry_after = absl::Now() + std::min(absl::Milliseconds(20) * (1 << std::min(t.failures, 6)),
+                                               absl::Seconds(1));
+        continue;
+      }
+      if (error_.ok()) error_ = s;  // the worker's own error, e.g. the dataset failed
+    }
+  }
+
+  const proto::DatasetNode::DataService node_;
+  const std::string address_;
+  std::unique_ptr<proto::DispatcherService::Stub> stub_;
+  int64_t client_id_ = 0;
+  std::vector<std::thread> threads_;
+
+  absl::Mutex mu_;
+  std::map<int64_t, Task> tasks_ ABSL_GUARDED_BY(mu_);
+  std::deque<Element> results_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rr_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
+  bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a request completes
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* heartbeat_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<Iterator>> CreateDataServiceIterator(
+    const proto::DatasetNode::DataService& node, int64_t repetition) {
+  return DataServiceIterator::Create(node, repetition);
+}
+
+void InstallFactory() { internal::SetDataServiceIteratorFactory(&CreateDataServiceIterator); }
+
+bool ContainsDataService(const internal::Analysis& a) {
+  if (a.node->op_case() == proto::DatasetNode::kDataService) return true;
+  for (const auto& in : a.inputs) {
+    if (ContainsDataService(*in)) return true;
+  }
+  return a.sub != nullptr && ContainsDataService(*a.sub);
+}
+
+absl::Status ValidateOptions(const DistributeOptions& o) {
+  SLUICE_RETURN_IF_ERROR(internal::ParseProcessingMode(o.processing_mode).status());
+  if (o.processing_mode == "distributed_epoch") {
+    return absl::UnimplementedError(
+        "Distribute: processing_mode distributed_epoch is not available yet; use "
+        "parallel_epochs");
+  }
+  if (o.service.empty()) {
+    return absl::InvalidArgumentError(
+        "Distribute: options.service is empty; set it to the dispatcher's grpc://host:port");
+  }
+  SLUICE_RETURN_IF_ERROR(internal::ParseServiceAddress(o.service).status());
+  if (o.max_outstanding_requests <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Distribute: max_outstanding_requests must be > 0; got ", o.max_outstanding_requests));
+  }
+  if (o.data_transfer_protocol != "grpc" && o.data_transfer_protocol != "ucx") {
+    return absl::InvalidArgumentError(absl::StrCat("Distribute: unknown data_transfer_protocol '",
+                                                   o.data_transfer_protocol,
+                                                   "'; expected grpc or ucx"));
+  }
+  if (o.data_transfer_protocol == "ucx") {
+    return absl::UnimplementedError(
+        "Distribute: data_transfer_protocol 'ucx' is not available yet; use 'grpc'");
+  }
+  if (o.consumer_index.has_value() || o.num_consumers.has_value()) {
+    return absl::UnimplementedError(
+        "Distribute: coordinated reads (consumer_index/num_consumers) are not available yet");
+  }
+  if (o.dispatcher_timeout_ms <= 0) {
+    return absl::InvalidArgumentError("Distribute: dispatcher_timeout_ms must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+proto::DatasetNode MakeNode(const DistributeOptions& o) {
+  proto::DatasetNode n;
+  auto* d = n.mutable_data_service();
+  d->set_processing_mode(o.processing_mode);
+  d->set_service(o.service);
+  d->set_job_name(o.job_name);
+  d->set_max_outstanding_requests(o.max_outstanding_requests);
+  d->set_data_transfer_protocol(o.data_transfer_protocol);
+  d->set_consumer_index(o.consumer_index.value_or(-1));
+  d->set_num_consumers(o.num_consumers.value_or(0));
+  d->set_dispatcher_timeout_ms(o.dispatcher_timeout_ms);
+  return n;
+}
+
+}  // namespace
+
+Dataset Dataset::Distribute(const DistributeOptions& options) const {
+  InstallFactory();
+  if (!status().ok()) return *this;
+  absl::Status s = ValidateOptions(options);
+  if (s.ok() && ContainsDataService(*rep()->analysis)) {
+    s = absl::InvalidArgumentError("Distribute: the pipeline already contains a Distribute");
+  }
+  if (!s.ok()) return internal::MakeErrorDataset(std::move(s));
+  proto::DatasetNode n = MakeNode(options);
+  *n.mutable_data_service()->mutable_dataset() = def();
+  return internal::MakeDataServiceDataset(std::move(n), this);
+}
+
+Dataset Dataset::FromDatasetId(const std::string& processing_mode, const std::string& service,
+                               const std::string& dataset_id, const DistributeOptions& options) {
+  InstallFactory();
+  DistributeOptions o = options;
+  o.processing_mode = processing_mode;
+  o.service = service;
+  absl::Status s = ValidateOptions(o);
+  if (s.ok() && dataset_id.empty()) s = absl::InvalidArgumentError("FromDatasetId: empty dataset_id");
+  if (!s.ok()) return internal::MakeErrorDataset(std::move(s));
+  proto::DatasetNode n = MakeNode(o);
+  n.mutable_data_service()->set_dataset_id(dataset_id);
+  return internal::MakeDataServiceDataset(std::move(n), nullptr);
+}
+
+absl::StatusOr<std::string> RegisterDataset(const std::string& service, const Dataset& dataset,
+                                            int64_t timeout_ms) {
+  SLUICE_RETURN_IF_ERROR(dataset.status());
+  SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(service));
+  auto stub = proto::DispatcherService::NewStub(internal::MakeChannel(address));
+  proto::RegisterDatasetRequest req;
+  *req.mutable_dataset() = dataset.def();
+  proto::RegisterDatasetResponse resp;
+  SLUICE_RETURN_IF_ERROR(Call(stub.get(), &proto::DispatcherService::Stub::RegisterDataset, req,
+                              &resp, address, timeout_ms));
+  return resp.dataset_id();
+}
+
+DataServiceStats GetDataServiceStats() {
+  Counters& c = GetCounters();
+  DataServiceStats s;
+  s.elements_received = c.elements.load();
+  s.bytes_received = c.bytes.load();
+  s.lost_tasks = c.lost_tasks.load();
+  s.worker_errors = c.worker_errors.load();
+  s.iterations_started = c.started.load();
+  s.iterations_released = c.released.load();
+  return s;
+}
+
+}  // namespace sluice

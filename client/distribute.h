@@ -1,0 +1,69 @@
+// Distribute: run the part of a pipeline before it on the service's workers.
+//
+//   sluice::DistributeOptions opt;
+//   opt.service = dispatcher->target();          // "grpc://host:port"
+//   opt.processing_mode = "parallel_epochs";
+//   opt.job_name = "train";                      // optional: share one job
+//   auto ds = sluice::Dataset::Range(5).Map(x * x).Distribute(opt).Map(x + 1);
+//   auto it = ds.MakeIterator();                 // a new iteration of the job
+//
+// Semantics (as tf.data service):
+//  - parallel_epochs: every worker produces the whole dataset, so with N
+//    workers each element arrives N times (in no particular order).
+//  - job_name: every consumer (thread or process) using the name reads the
+//    same job; the k-th iterator of each consumer reads the job's k-th
+//    iteration and consumers split its elements first-come-first-served. An
+//    iteration already read to the end yields end-of-input at once.
+//    Reusing a name with different parameters is InvalidArgument.
+//  - no job_name: each iterator is a private, anonymous job.
+//  - up to max_outstanding_requests element requests are in flight and at
+//    most that many elements are buffered, bounding client memory.
+//  - a worker lost mid-stream does not hang the iterator: it finishes from
+//    the remaining workers, logs what was lost and counts it
+//    (DataServiceStats::lost_tasks).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "sluice/dataset/dataset.h"
+
+namespace sluice {
+
+struct DistributeOptions {
+  // "parallel_epochs" ("distributed_epoch" arrives with dynamic sharding).
+  std::string processing_mode = "parallel_epochs";
+  // The dispatcher: "grpc://host:port" or "host:port".
+  std::string service;
+  std::string job_name;
+  int64_t max_outstanding_requests = 8;
+  // "grpc" for now ("ucx" arrives with the UCX data plane).
+  std::string data_transfer_protocol = "grpc";
+  // Coordinated reads (not available yet; setting them is an error).
+  std::optional<int64_t> consumer_index;
+  std::optional<int64_t> num_consumers;
+  // Creating an iterator fails with Unavailable when the dispatcher cannot
+  // be reached within this long; an iterator whose dispatcher stays
+  // unreachable this long fails the same way.
+  int64_t dispatcher_timeout_ms = 10000;
+};
+
+// Registers `dataset` with the service and returns its id (identical
+// definitions get the same id).
+absl::StatusOr<std::string> RegisterDataset(const std::string& service, const Dataset& dataset,
+                                            int64_t timeout_ms = 10000);
+
+// Process-wide counters of the data-service client.
+struct DataServiceStats {
+  int64_t elements_received = 0;
+  int64_t bytes_received = 0;
+  int64_t lost_tasks = 0;         // tasks whose worker was lost before their end
+  int64_t worker_errors = 0;      // failed element requests (retried)
+  int64_t iterations_started = 0;
+  int64_t iterations_released = 0;
+};
+DataServiceStats GetDataServiceStats();
+
+}  // namespace sluice

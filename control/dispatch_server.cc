@@ -1,0 +1,126 @@
+// DispatchServer: the gRPC adapter over DispatcherImpl plus its maintenance
+// thread.
+#include "sluice/control/dispatch_server.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "sluice/control/dispatcher_impl.h"
+#include "sluice/control/grpc_util.h"
+#include "control/service.grpc.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice {
+namespace {
+
+using internal::ToGrpcStatus;
+
+// Forwards each RPC to DispatcherImpl and converts the status.
+class DispatcherService final : public proto::DispatcherService::Service {
+ public:
+  explicit DispatcherService(internal::DispatcherImpl* impl) : impl_(impl) {}
+
+#define SLUICE_FORWARD_RPC_(Name)                                                       \
+  grpc::Status Name(grpc::ServerContext*, const proto::Name##Request* req,             \
+                    proto::Name##Response* resp) override {                            \
+    return ToGrpcStatus(impl_->Name(*req, resp));                                       \
+  }
+  SLUICE_FORWARD_RPC_(WorkerHeartbeat)
+  SLUICE_FORWARD_RPC_(WorkerUpdate)
+  SLUICE_FORWARD_RPC_(RegisterDataset)
+  SLUICE_FORWARD_RPC_(GetDatasetDef)
+  SLUICE_FORWARD_RPC_(GetOrCreateJob)
+  SLUICE_FORWARD_RPC_(GetOrCreateIteration)
+  SLUICE_FORWARD_RPC_(ClientHeartbeat)
+  SLUICE_FORWARD_RPC_(ReleaseIterationClient)
+  SLUICE_FORWARD_RPC_(GetWorkers)
+  SLUICE_FORWARD_RPC_(GetDataServiceMetadata)
+  SLUICE_FORWARD_RPC_(GetDataServiceConfig)
+#undef SLUICE_FORWARD_RPC_
+
+ private:
+  internal::DispatcherImpl* impl_;
+};
+
+}  // namespace
+
+struct DispatchServer::Impl {
+  DispatcherConfig config;
+  std::unique_ptr<internal::DispatcherImpl> dispatcher;
+  std::unique_ptr<DispatcherService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  absl::Notification stop;
+  std::thread maintenance;
+  bool stopped = false;
+};
+
+DispatchServer::DispatchServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DispatchServer::~DispatchServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
+    const DispatcherConfig& config) {
+  if (config.fault_tolerant_mode) {
+    return absl::UnimplementedError(
+        "fault_tolerant_mode needs the dispatcher journal, which this version does not have yet");
+  }
+  if (config.port < 0 || config.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is not in 0..65535"));
+  }
+  for (int64_t v : {config.job_gc_check_interval_ms, config.job_gc_timeout_ms,
+                    config.worker_timeout_ms, config.client_timeout_ms}) {
+    if (v <= 0) {
+      return absl::InvalidArgumentError(
+          "job_gc_check_interval_ms, job_gc_timeout_ms, worker_timeout_ms and "
+          "client_timeout_ms must be > 0");
+    }
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->dispatcher = std::make_unique<internal::DispatcherImpl>(config);
+  impl->service = std::make_unique<DispatcherService>(impl->dispatcher.get());
+  grpc::ServerBuilder builder;
+  internal::ConfigureServerBuilder(&builder);
+  std::string listen = absl::StrCat(config.bind_address, ":", config.port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || impl->port == 0) {
+    return absl::UnavailableError(absl::StrCat("dispatcher cannot listen on ", listen,
+                                               " (address in use or not local?)"));
+  }
+  // Timeouts are checked at least four times per timeout period.
+  int64_t tick_ms = std::min({config.job_gc_check_interval_ms, config.worker_timeout_ms / 4,
+                              config.client_timeout_ms / 4});
+  tick_ms = std::max<int64_t>(tick_ms, 5);
+  Impl* raw = impl.get();
+  impl->maintenance = std::thread([raw, tick_ms] {
+    while (!raw->stop.WaitForNotificationWithTimeout(absl::Milliseconds(tick_ms))) {
+      raw->dispatcher->Tick();
+    }
+  });
+  spdlog::info("dispatcher: serving on {}:{}", config.bind_address, impl->port);
+  return std::unique_ptr<DispatchServer>(new DispatchServer(std::move(impl)));
+}
+
+std::string DispatchServer::address() const {
+  return absl::StrCat(impl_->config.bind_address == "0.0.0.0" ? "127.0.0.1"
+                                                               : impl_->config.bind_address,
+                      ":", impl_->port);
+}
+std::string DispatchServer::target() const { return absl::StrCat("grpc://", address()); }
+int DispatchServer::port() const { return impl_->port; }
+
+void DispatchServer::Stop() {
+  if (impl_ == nullptr || impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->dispatcher->Shutdown();  // releases long polls
+  impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+  impl_->server->Wait();
+  impl_->stop.Notify();
+  if (impl_->maintenance.joinable()) impl_->maintenance.join();
+}
+
+}  // namespace sluice

@@ -1,0 +1,65 @@
+// The dispatcher: owns the service's metadata (datasets, jobs, iterations,
+// tasks, workers, clients) and serves the control plane over gRPC.
+//
+//   sluice::DispatcherConfig dc;           // port 0 = pick a free port
+//   auto dispatcher = sluice::DispatchServer::Start(dc);
+//   (*dispatcher)->target();               // "grpc://127.0.0.1:PORT"
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace sluice {
+
+struct DispatcherConfig {
+  // TCP port for the gRPC service; 0 picks a free one.
+  int port = 0;
+  // Address the server binds; 127.0.0.1 keeps it on loopback, "0.0.0.0"
+  // serves every interface.
+  std::string bind_address = "127.0.0.1";
+  // Journal directory and fault-tolerant mode (restart from the journal).
+  // Not available in this version: Start() fails if fault_tolerant_mode is set.
+  std::string work_dir;
+  bool fault_tolerant_mode = false;
+  // Static worker list for static sharding policies (distributed_epoch
+  // issue); kept and reported, not yet used.
+  std::vector<std::string> worker_addresses;
+  // How often timeouts and garbage collection are checked.
+  int64_t job_gc_check_interval_ms = 1000;
+  // An iteration no client has read for this long is collected and its
+  // tasks deleted on the workers. Finished or anonymous iterations are
+  // collected as soon as their last client leaves.
+  int64_t job_gc_timeout_ms = 60000;
+  // A worker without a heartbeat for this long is considered lost.
+  int64_t worker_timeout_ms = 10000;
+  // A client without a heartbeat for this long is released.
+  int64_t client_timeout_ms = 30000;
+};
+
+class DispatchServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<DispatchServer>> Start(const DispatcherConfig& config);
+  ~DispatchServer();  // calls Stop()
+  DispatchServer(const DispatchServer&) = delete;
+  DispatchServer& operator=(const DispatchServer&) = delete;
+
+  // "grpc://HOST:PORT": pass as DistributeOptions::service.
+  std::string target() const;
+  // "HOST:PORT": pass as WorkerConfig::dispatcher_address.
+  std::string address() const;
+  int port() const;
+  // Stops serving and joins every thread. Idempotent; returns promptly.
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit DispatchServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice

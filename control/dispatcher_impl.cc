@@ -1,0 +1,510 @@
+#include "sluice/control/dispatcher_impl.h"
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "sluice/core/status.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/dataset_internal.h"
+
+namespace sluice::internal {
+
+absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name) {
+  if (name == "parallel_epochs") return proto::PARALLEL_EPOCHS;
+  if (name == "distributed_epoch") return proto::DISTRIBUTED_EPOCH;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown processing_mode '", name, "'; expected parallel_epochs or distributed_epoch"));
+}
+
+std::string ProcessingModeName(proto::ProcessingMode mode) {
+  switch (mode) {
+    case proto::PARALLEL_EPOCHS: return "parallel_epochs";
+    case proto::DISTRIBUTED_EPOCH: return "distributed_epoch";
+    default: return "unspecified";
+  }
+}
+
+proto::StatusProto ToProto(const absl::Status& s) {
+  proto::StatusProto p;
+  p.set_code(static_cast<int>(s.code()));
+  p.set_message(std::string(s.message()));
+  return p;
+}
+
+absl::Status FromProto(const proto::StatusProto& p) {
+  return absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
+}
+
+DispatcherImpl::DispatcherImpl(DispatcherConfig config, Clock clock)
+    : config_(std::move(config)), clock_(std::move(clock)) {}
+
+void DispatcherImpl::Shutdown() {
+  absl::MutexLock l(&mu_);
+  shutdown_ = true;
+}
+
+// ---- workers ------------------------------------------------------------------
+
+void DispatcherImpl::CreateTaskLocked(Iteration& it, Worker& w) {
+  const Job& job = jobs_.at(it.job_id);
+  Task t;
+  t.id = next_id_++;
+  t.iteration_id = it.id;
+  t.worker = w.address;
+  proto::TaskDef def;
+  def.set_task_id(t.id);
+  def.set_iteration_id(it.id);
+  def.set_dataset_id(job.dataset_id);
+  *def.mutable_dataset() = datasets_.at(job.dataset_id).def;
+  def.set_processing_mode(job.mode);
+  def.set_worker_index(w.index);
+  w.pending_new.push_back(std::move(def));
+  w.tasks.insert(t.id);
+  it.tasks.insert(t.id);
+  ++it.version;
+  tasks_.emplace(t.id, std::move(t));
+}
+
+void DispatcherImpl::FinishTaskLocked(Task& t, bool lost) {
+  if (t.completed || t.lost) return;
+  if (lost) {
+    t.lost = true;
+  } else {
+    t.completed = true;
+  }
+  auto it = iterations_.find(t.iteration_id);
+  if (it == iterations_.end()) return;
+  ++it->second.version;
+  UpdateFinishedLocked(it->second);
+}
+
+void DispatcherImpl::UpdateFinishedLocked(Iteration& it) {
+  if (it.finished || it.tasks.empty()) return;
+  for (int64_t id : it.tasks) {
+    const Task& t = tasks_.at(id);
+    if (!t.completed && !t.lost) return;
+  }
+  it.finished = true;
+  ++it.version;
+}
+
+absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
+                                             proto::WorkerHeartbeatResponse* resp) {
+  if (req.worker_address().empty()) {
+    return absl::InvalidArgumentError("WorkerHeartbeat: worker_address is empty");
+  }
+  const std::string& addr = req.worker_address();
+  absl::MutexLock l(&mu_);
+  auto wit = workers_.find(addr);
+  if (wit == workers_.end()) {
+    Worker w;
+    w.address = addr;
+    w.transfer_address = req.transfer_address().empty() ? addr : req.transfer_address();
+    w.protocol = req.transfer_protocol().empty() ? "grpc" : req.transfer_protocol();
+    w.index = next_worker_index_++;
+    wit = workers_.emplace(addr, std::move(w)).first;
+    spdlog::info("dispatcher: worker {} registered (transfer {} over {})", addr,
+                 wit->second.transfer_address, wit->second.protocol);
+    // A worker that joins mid-job gets a task for every running iteration.
+    for (auto& [id, it] : iterations_) {
+      if (!it.finished && !it.collected) CreateTaskLocked(it, wit->second);
+    }
+  }
+  Worker& w = wit->second;
+  w.last_heartbeat = clock_();
+  for (int64_t id : req.finished_tasks()) {
+    auto t = tasks_.find(id);
+    if (t != tasks_.end() && t->second.worker == addr) FinishTaskLocked(t->second, false);
+  }
+  // Reconcile: tasks this worker should hold but does not (it restarted)
+  // are lost; tasks it holds that we no longer know are deleted.
+  std::set<int64_t> held(req.current_tasks().begin(), req.current_tasks().end());
+  for (int64_t id : w.tasks) {
+    Task& t = tasks_.at(id);
+    if (t.delivered && !held.count(id) && !t.completed && !t.lost) {
+      spdlog::warn("dispatcher: worker {} no longer holds task {}; marking it lost", addr, id);
+      FinishTaskLocked(t, true);
+    }
+  }
+  for (int64_t id : held) {
+    if (!w.tasks.count(id)) w.pending_delete.push_back(id);
+  }
+  auto has_news = [&w, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shutdown_ || !w.pending_new.empty() || !w.pending_delete.empty();
+  };
+  if (req.wait_ms() > 0 && !has_news()) {
+    mu_.AwaitWithTimeout(absl::Condition(&has_news), absl::Milliseconds(req.wait_ms()));
+  }
+  // The worker may have been removed while we waited (Tick after timeout).
+  wit = workers_.find(addr);
+  if (wit == workers_.end()) return absl::OkStatus();
+  Worker& w2 = wit->second;
+  for (auto& def : w2.pending_new) {
+    auto t = tasks_.find(def.task_id());
+    if (t != tasks_.end()) t->second.delivered = true;
+    *resp->add_new_tasks() = std::move(def);
+  }
+  w2.pending_new.clear();
+  for (int64_t id : w2.pending_delete) resp->add_tasks_to_delete(id);
+  w2.pending_delete.clear();
+  w2.last_heartbeat = clock_();
+  return absl::OkStatus();
+}
+
+absl::Status DispatcherImpl::WorkerUpdate(const proto::WorkerUpdateRequest& req,
+                                          proto::WorkerUpdateResponse* resp) {
+  absl::MutexLock l(&mu_);
+  for (const auto& u : req.updates()) {
+    auto t = tasks_.find(u.task_id());
+    if (t == tasks_.end()) continue;  // already collected
+    if (u.has_error() && u.error().code() != 0) {
+      auto it = iterations_.find(t->second.iteration_id);
+      if (it != iterations_.end() && it->second.error.ok()) {
+        it->second.error = FromProto(u.error());
+        ++it->second.version;
+        spdlog::warn("dispatcher: iteration {} failed on worker {}: {}", it->first,
+                     req.worker_address(), std::string(it->second.error.message()));
+      }
+    }
+    if (u.completed() || u.has_error()) FinishTaskLocked(t->second, false);
+  }
+  return absl::OkStatus();
+}
+
+// ---- datasets and jobs --------------------------------------------------------------
+
+absl::Status DispatcherImpl::RegisterDataset(const proto::RegisterDatasetRequest& req,
+                                             proto::RegisterDatasetResponse* resp) {
+  if (req.dataset().version() != 1 || !req.dataset().has_root() ||
+      req.dataset().root().op_case() == proto::DatasetNode::OP_NOT_SET) {
+    return absl::InvalidArgumentError(
+        "RegisterDataset: the dataset definition is empty or of an unsupported version");
+  }
+  uint64_t fp = DefFingerprint(req.dataset());
+  absl::MutexLock l(&mu_);
+  // Deduplicate by fingerprint; a (vanishingly unlikely) collision between
+  // different definitions gets a suffixed id.
+  for (int suffix = 0;; ++suffix) {
+    std::string id = absl::StrCat("ds-", absl::Hex(fp, absl::kZeroPad16),
+                                  suffix ? absl::StrCat("-", suffix) : "");
+    auto it = datasets_.find(id);
+    if (it == datasets_.end()) {
+      datasets_.emplace(id, DatasetEntry{id, req.dataset(), fp});
+      resp->set_dataset_id(id);
+      return absl::OkStatus();
+    }
+    if (CanonicalBytes(it->second.def) == CanonicalBytes(req.dataset())) {
+      resp->set_dataset_id(id);
+      return absl::OkStatus();
+    }
+  }
+}
+
+absl::Status DispatcherImpl::GetDatasetDef(const proto::GetDatasetDefRequest& req,
+                                           proto::GetDatasetDefResponse* resp) {
+  absl::MutexLock l(&mu_);
+  auto it = datasets_.find(req.dataset_id());
+  if (it == datasets_.end()) {
+    return absl::NotFoundError(absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
+  }
+  *resp->mutable_dataset() = it->second.def;
+  return absl::OkStatus();
+}
+
+absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& req,
+                                            proto::GetOrCreateJobResponse* resp) {
+  if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+    return absl::UnimplementedError(
+        "processing_mode distributed_epoch is not available yet; use parallel_epochs");
+  }
+  if (req.processing_mode() != proto::PARALLEL_EPOCHS) {
+    return absl::InvalidArgumentError("GetOrCreateJob: processing_mode is unspecified");
+  }
+  if (req.num_consumers() < 0) {
+    return absl::InvalidArgumentError("GetOrCreateJob: num_consumers must be >= 0");
+  }
+  if (req.num_consumers() > 0) {
+    return absl::UnimplementedError("coordinated reads (num_consumers) are not available yet");
+  }
+  absl::MutexLock l(&mu_);
+  if (!datasets_.count(req.dataset_id())) {
+    return absl::NotFoundError(absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
+  }
+  if (!req.job_name().empty()) {
+    auto named = job_by_name_.find(req.job_name());
+    if (named != job_by_name_.end()) {
+      const Job& job = jobs_.at(named->second);
+      if (job.mode != req.processing_mode()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job '", job.name, "' exists with processing_mode=", ProcessingModeName(job.mode),
+            "; requested ", ProcessingModeName(req.processing_mode())));
+      }
+      if (job.dataset_id != req.dataset_id()) {
+        return absl::InvalidArgumentError(absl::StrCat("job '", job.name, "' exists for dataset ",
+                                                       job.dataset_id, "; requested ",
+                                                       req.dataset_id()));
+      }
+      if (job.num_consumers != req.num_consumers()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job '", job.name, "' exists with num_consumers=", job.num_consumers, "; requested ",
+            req.num_consumers()));
+      }
+      resp->set_job_id(job.id);
+      return absl::OkStatus();
+    }
+  }
+  Job job;
+  job.id = next_id_++;
+  job.dataset_id = req.dataset_id();
+  job.mode = req.processing_mode();
+  job.name = req.job_name();
+  job.num_consumers = req.num_consumers();
+  if (!job.name.empty()) job_by_name_[job.name] = job.id;
+  resp->set_job_id(job.id);
+  jobs_.emplace(job.id, std::move(job));
+  ++stats_.jobs;
+  return absl::OkStatus();
+}
+
+absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterationRequest& req,
+                                                  proto::GetOrCreateIterationResponse* resp) {
+  if (req.repetition() < 0) {
+    return absl::InvalidArgumentError("GetOrCreateIteration: repetition must be >= 0");
+  }
+  absl::MutexLock l(&mu_);
+  auto jit = jobs_.find(req.job_id());
+  if (jit == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " does not exist"));
+  }
+  Job& job = jit->second;
+  int64_t iteration_id;
+  auto existing = job.iteration_by_repetition.find(req.repetition());
+  if (existing != job.iteration_by_repetition.end()) {
+    iteration_id = existing->second;
+    const Iteration& it = iterations_.at(iteration_id);
+    if (it.collected && !it.finished) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "iteration ", req.repetition(), " of job '", job.name,
+          "' was garbage-collected after no client read it for ", config_.job_gc_timeout_ms,
+          " ms"));
+    }
+  } else {
+    Iteration it;
+    it.id = next_id_++;
+    it.job_id = job.id;
+    it.repetition = req.repetition();
+    iteration_id = it.id;
+    auto& ref = iterations_.emplace(it.id, std::move(it)).first->second;
+    job.iteration_by_repetition[req.repetition()] = iteration_id;
+    for (auto& [addr, w] : workers_) CreateTaskLocked(ref, w);
+    ++stats_.iterations;
+  }
+  Client c;
+  c.id = next_id_++;
+  c.iteration_id = iteration_id;
+  c.last_heartbeat = clock_();
+  iterations_.at(iteration_id).clients.insert(c.id);
+  resp->set_iteration_id(iteration_id);
+  resp->set_iteration_client_id(c.id);
+  clients_.emplace(c.id, c);
+  return absl::OkStatus();
+}
+
+// ---- clients --------------------------------------------------------------------
+
+absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest& req,
+                                             proto::ClientHeartbeatResponse* resp) {
+  const int64_t known_version = req.known_version();
+  const absl::Duration wait = absl::Milliseconds(req.wait_ms());
+  absl::MutexLock l(&mu_);
+  auto cit = clients_.find(req.iteration_client_id());
+  if (cit == clients_.end()) {
+    return absl::NotFoundError(absl::StrCat("iteration client ", req.iteration_client_id(),
+                                            " is unknown (released or timed out)"));
+  }
+  cit->second.last_heartbeat = clock_();
+  int64_t iteration_id = cit->second.iteration_id;
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = iterations_.find(iteration_id);
+    return shutdown_ || it == iterations_.end() || it->second.version != known_version;
+  };
+  if (wait > absl::ZeroDuration() && !changed()) {
+    mu_.AwaitWithTimeout(absl::Condition(&changed), wait);
+  }
+  cit = clients_.find(req.iteration_client_id());
+  if (cit != clients_.end()) cit->second.last_heartbeat = clock_();
+  auto iit = iterations_.find(iteration_id);
+  if (iit == iterations_.end()) {
+    return absl::NotFoundError(absl::StrCat("iteration ", iteration_id, " no longer exists"));
+  }
+  const Iteration& it = iit->second;
+  for (int64_t id : it.tasks) {
+    const Task& t = tasks_.at(id);
+    proto::TaskInfo* info = resp->add_tasks();
+    info->set_task_id(id);
+    info->set_worker_address(t.worker);
+    auto w = workers_.find(t.worker);
+    if (w != workers_.end()) {
+      info->set_transfer_address(w->second.transfer_address);
+      info->set_transfer_protocol(w->second.protocol);
+    }
+    info->set_lost(t.lost);
+  }
+  resp->set_iteration_finished(it.finished || (it.collected && it.tasks.empty()));
+  if (!it.error.ok()) *resp->mutable_error() = ToProto(it.error);
+  resp->set_version(it.version);
+  return absl::OkStatus();
+}
+
+void DispatcherImpl::RemoveClientLocked(int64_t client_id) {
+  auto cit = clients_.find(client_id);
+  if (cit == clients_.end()) return;
+  auto iit = iterations_.find(cit->second.iteration_id);
+  clients_.erase(cit);
+  if (iit == iterations_.end()) return;
+  iit->second.clients.erase(client_id);
+  if (iit->second.clients.empty()) iit->second.idle_since = clock_();
+}
+
+absl::Status DispatcherImpl::ReleaseIterationClient(const proto::ReleaseIterationClientRequest& req,
+                                                    proto::ReleaseIterationClientResponse* resp) {
+  absl::MutexLock l(&mu_);
+  if (!clients_.count(req.iteration_client_id())) {
+    return absl::NotFoundError(absl::StrCat("iteration client ", req.iteration_client_id(),
+                                            " is unknown (released or timed out)"));
+  }
+  RemoveClientLocked(req.iteration_client_id());
+  return absl::OkStatus();
+}
+
+// ---- maintenance -----------------------------------------------------------------
+
+void DispatcherImpl::CollectLocked(Iteration& it) {
+  for (int64_t id : it.tasks) {
+    auto t = tasks_.find(id);
+    if (t == tasks_.end()) continue;
+    auto w = workers_.find(t->second.worker);
+    if (w != workers_.end()) {
+      w->second.tasks.erase(id);
+      w->second.pending_delete.push_back(id);
+    }
+    tasks_.erase(t);
+  }
+  it.tasks.clear();
+  it.collected = true;
+  ++it.version;
+  ++stats_.collected_iterations;
+}
+
+void DispatcherImpl::RemoveWorkerLocked(const std::string& address) {
+  auto wit = workers_.find(address);
+  if (wit == workers_.end()) return;
+  int64_t lost = 0;
+  for (int64_t id : wit->second.tasks) {
+    auto t = tasks_.find(id);
+    if (t == tasks_.end()) continue;
+    if (!t->second.completed && !t->second.lost) ++lost;
+    FinishTaskLocked(t->second, true);
+  }
+  spdlog::warn("dispatcher: worker {} timed out after {} ms; {} unfinished task(s) lost", address,
+               config_.worker_timeout_ms, lost);
+  workers_.erase(wit);
+  ++stats_.lost_workers;
+}
+
+void DispatcherImpl::Tick() {
+  absl::MutexLock l(&mu_);
+  absl::Time now = clock_();
+  std::vector<std::string> dead_workers;
+  for (auto& [addr, w] : workers_) {
+    if (now - w.last_heartbeat > absl::Milliseconds(config_.worker_timeout_ms)) {
+      dead_workers.push_back(addr);
+    }
+  }
+  for (const auto& a : dead_workers) RemoveWorkerLocked(a);
+  std::vector<int64_t> dead_clients;
+  for (auto& [id, c] : clients_) {
+    if (now - c.last_heartbeat > absl::Milliseconds(config_.client_timeout_ms)) {
+      dead_clients.push_back(id);
+    }
+  }
+  for (int64_t id : dead_clients) {
+    spdlog::warn("dispatcher: iteration client {} timed out after {} ms; releasing it", id,
+                 config_.client_timeout_ms);
+    RemoveClientLocked(id);
+  }
+  std::vector<int64_t> drop_jobs;
+  for (auto& [id, it] : iterations_) {
+    if (it.collected || !it.clients.empty()) continue;
+    const Job& job = jobs_.at(it.job_id);
+    bool anonymous = job.name.empty();
+    if (it.finished || anonymous ||
+        now - it.idle_since > absl::Milliseconds(config_.job_gc_timeout_ms)) {
+      CollectLocked(it);
+      if (anonymous) drop_jobs.push_back(job.id);
+    }
+  }
+  // Anonymous jobs have one iteration and no way back in: forget them.
+  for (int64_t job_id : drop_jobs) {
+    for (auto& [rep, iteration_id] : jobs_.at(job_id).iteration_by_repetition) {
+      iterations_.erase(iteration_id);
+    }
+    jobs_.erase(job_id);
+  }
+}
+
+// ---- introspection ------------------------------------------------------------------
+
+absl::Status DispatcherImpl::GetWorkers(const proto::GetWorkersRequest& req,
+                                        proto::GetWorkersResponse* resp) {
+  absl::MutexLock l(&mu_);
+  for (const auto& [addr, w] : workers_) {
+    auto* info = resp->add_workers();
+    info->set_address(addr);
+    info->set_transfer_address(w.transfer_address);
+    info->set_transfer_protocol(w.protocol);
+    info->set_num_tasks(static_cast<int64_t>(w.tasks.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DispatcherImpl::GetDataServiceMetadata(
+    const proto::GetDataServiceMetadataRequest& req,
+    proto::GetDataServiceMetadataResponse* resp) {
+  proto::DatasetDef def;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = datasets_.find(req.dataset_id());
+    if (it == datasets_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
+    }
+    def = it->second.def;
+    resp->set_fingerprint(it->second.fingerprint);
+  }
+  // The dispatcher loads no plugins, so a definition with UDFs may not
+  // analyze here; its cardinality is then unknown.
+  auto ds = Dataset::FromDef(def);
+  resp->set_cardinality(ds.ok() ? ds->Cardinality() : kUnknownCardinality);
+  resp->set_element_spec(ds.ok() ? ds->element_spec().ToString() : "(unknown)");
+  return absl::OkStatus();
+}
+
+absl::Status DispatcherImpl::GetDataServiceConfig(const proto::GetDataServiceConfigRequest& req,
+                                                  proto::GetDataServiceConfigResponse* resp) {
+  resp->set_fault_tolerant_mode(config_.fault_tolerant_mode);
+  resp->set_worker_timeout_ms(config_.worker_timeout_ms);
+  resp->set_client_timeout_ms(config_.client_timeout_ms);
+  resp->set_job_gc_timeout_ms(config_.job_gc_timeout_ms);
+  return absl::OkStatus();
+}
+
+DispatcherImpl::Stats DispatcherImpl::GetStats() {
+  absl::MutexLock l(&mu_);
+  Stats s = stats_;
+  s.workers = static_cast<int64_t>(workers_.size());
+  s.iteration_clients = static_cast<int64_t>(clients_.size());
+  s.live_tasks = static_cast<int64_t>(tasks_.size());
+  return s;
+}
+
+}  // namespace sluice::internal

@@ -1,0 +1,168 @@
+// DispatcherImpl: the dispatcher's state machine, independent of gRPC.
+//
+// Glossary
+//   dataset    a registered DatasetDef, deduplicated by fingerprint.
+//   job        a dataset + processing mode (+ optional job_name shared by
+//              consumers). Anonymous jobs (no name) serve one consumer.
+//   iteration  one pass over a job's dataset: consumers' k-th iterator of a
+//              job reads the job's k-th iteration (repetition k).
+//   task       an iteration's share on one worker (parallel_epochs: the
+//              whole dataset on every worker).
+//   iteration client  one consumer's membership in an iteration.
+//
+// Protocol
+//   Workers call WorkerHeartbeat in a loop (long poll: the reply waits up to
+//   wait_ms for a change). The first heartbeat registers the worker, which
+//   then gets a task for every running iteration; later ones carry tasks it
+//   holds and tasks whose output was fully read, and receive new tasks and
+//   tasks to delete. WorkerUpdate reports completion or failure at once.
+//   Clients RegisterDataset, GetOrCreateJob, GetOrCreateIteration, then
+//   ClientHeartbeat (long poll on the iteration's version) to learn tasks,
+//   lost tasks, failure and the end of the iteration; ReleaseIterationClient
+//   when done. Tick() expires workers and clients and collects iterations.
+//
+// Thread safety: every method may be called from any thread; one mutex
+// guards all state. Time comes from the injected clock so tests can drive
+// timeouts.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "control/service.pb.h"
+#include "sluice/control/dispatch_server.h"
+
+namespace sluice::internal {
+
+class DispatcherImpl {
+ public:
+  using Clock = std::function<absl::Time()>;
+  explicit DispatcherImpl(DispatcherConfig config, Clock clock = absl::Now);
+
+  absl::Status WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
+                               proto::WorkerHeartbeatResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WorkerUpdate(const proto::WorkerUpdateRequest& req,
+                            proto::WorkerUpdateResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RegisterDataset(const proto::RegisterDatasetRequest& req,
+                               proto::RegisterDatasetResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetDatasetDef(const proto::GetDatasetDefRequest& req,
+                             proto::GetDatasetDefResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetOrCreateJob(const proto::GetOrCreateJobRequest& req,
+                              proto::GetOrCreateJobResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetOrCreateIteration(const proto::GetOrCreateIterationRequest& req,
+                                    proto::GetOrCreateIterationResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Long poll: waits up to req.wait_ms while the iteration's version equals
+  // req.known_version.
+  absl::Status ClientHeartbeat(const proto::ClientHeartbeatRequest& req,
+                               proto::ClientHeartbeatResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReleaseIterationClient(const proto::ReleaseIterationClientRequest& req,
+                                      proto::ReleaseIterationClientResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetWorkers(const proto::GetWorkersRequest& req, proto::GetWorkersResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetDataServiceMetadata(const proto::GetDataServiceMetadataRequest& req,
+                                      proto::GetDataServiceMetadataResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetDataServiceConfig(const proto::GetDataServiceConfigRequest& req,
+                                    proto::GetDataServiceConfigResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Expires workers and clients, collects idle iterations.
+  void Tick() ABSL_LOCKS_EXCLUDED(mu_);
+  // Wakes long polls and makes later ones return at once.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Counters for tests and metrics.
+  struct Stats {
+    int64_t workers = 0, jobs = 0, iterations = 0, live_tasks = 0, iteration_clients = 0;
+    int64_t lost_workers = 0, collected_iterations = 0;
+  };
+  Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct DatasetEntry {
+    std::string id;
+    proto::DatasetDef def;
+    uint64_t fingerprint = 0;
+  };
+  struct Job {
+    int64_t id = 0;
+    std::string dataset_id;
+    proto::ProcessingMode mode = proto::PROCESSING_MODE_UNSPECIFIED;
+    std::string name;
+    int64_t num_consumers = 0;
+    std::map<int64_t, int64_t> iteration_by_repetition;
+  };
+  struct Iteration {
+    int64_t id = 0;
+    int64_t job_id = 0;
+    int64_t repetition = 0;
+    std::set<int64_t> tasks;
+    std::set<int64_t> clients;
+    bool finished = false;
+    bool collected = false;
+    absl::Status error;
+    absl::Time idle_since;  // when the last client left
+    int64_t version = 0;    // bumped on every change clients can see
+  };
+  struct Task {
+    int64_t id = 0;
+    int64_t iteration_id = 0;
+    std::string worker;
+    bool completed = false;
+    bool lost = false;
+    bool delivered = false;  // the worker received it in a heartbeat reply
+  };
+  struct Worker {
+    std::string address, transfer_address, protocol;
+    int64_t index = 0;
+    absl::Time last_heartbeat;
+    std::set<int64_t> tasks;
+    std::vector<proto::TaskDef> pending_new;
+    std::vector<int64_t> pending_delete;
+  };
+  struct Client {
+    int64_t id = 0;
+    int64_t iteration_id = 0;
+    absl::Time last_heartbeat;
+  };
+
+  void CreateTaskLocked(Iteration& it, Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishTaskLocked(Task& t, bool lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateFinishedLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveClientLocked(int64_t client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CollectLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveWorkerLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DispatcherConfig config_;
+  const Clock clock_;
+  absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_worker_index_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, DatasetEntry> datasets_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> job_by_name_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Iteration> iterations_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Task> tasks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Client> clients_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+// "parallel_epochs" / "distributed_epoch" <-> enum.
+absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name);
+std::string ProcessingModeName(proto::ProcessingMode mode);
+
+proto::StatusProto ToProto(const absl::Status& s);
+absl::Status FromProto(const proto::StatusProto& p);
+
+}  // namespace sluice::internal

@@ -1,0 +1,53 @@
+// ElementTransport: how a client pulls elements from one worker. The gRPC
+// implementation (WorkerService.GetElement) is the baseline and fallback;
+// the UCX implementation plugs in behind the same interface. Code above it
+// (the data-service iterator) does not know which one it uses.
+//
+// Thread safety: GetElement may be called from several threads at once;
+// Cancel() may be called from any thread and makes in-flight and later
+// calls return Cancelled promptly.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sluice/core/tensor.h"
+
+namespace sluice {
+
+struct ElementRequest {
+  int64_t task_id = 0;
+  int64_t consumer_index = -1;
+  int64_t round = -1;
+  // How long the worker may hold the call waiting for an element.
+  absl::Duration wait = absl::Milliseconds(500);
+};
+
+struct ElementResult {
+  bool end_of_sequence = false;
+  bool not_ready = false;  // nothing yet; ask again
+  Element element;
+  size_t bytes = 0;  // frame bytes received
+};
+
+class ElementTransport {
+ public:
+  virtual ~ElementTransport() = default;
+  // Unavailable when the worker cannot be reached; the worker's own errors
+  // (e.g. the dataset failed) pass through with their codes.
+  virtual absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) = 0;
+  virtual void Cancel() = 0;
+  virtual std::string protocol() const = 0;
+};
+
+// A transport over the worker's gRPC WorkerService at "host:port".
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
+    const std::string& address);
+
+// "grpc" (and, once available, "ucx") -> a transport to `address`.
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeElementTransport(
+    const std::string& protocol, const std::string& address);
+
+}  // namespace sluice

@@ -1,0 +1,97 @@
+// The gRPC data path: one GetElement RPC per element; the response's frame
+// bytes are decoded in place (the Tensors view the received buffer).
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "control/service.grpc.pb.h"
+#include "sluice/control/grpc_util.h"
+#include "sluice/core/frame.h"
+#include "sluice/dataplane/element_transport.h"
+
+namespace sluice {
+namespace {
+
+class GrpcElementTransport final : public ElementTransport {
+ public:
+  explicit GrpcElementTransport(std::string address)
+      : address_(std::move(address)),
+        stub_(proto::WorkerService::NewStub(internal::MakeChannel(address_))) {}
+
+  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    grpc::ClientContext ctx;
+    // The worker answers within `wait`; allow for transfer time on top.
+    internal::SetTimeout(&ctx, request.wait + absl::Seconds(30));
+    {
+      absl::MutexLock l(&mu_);
+      if (cancelled_) return absl::CancelledError("transport cancelled");
+      active_.insert(&ctx);
+    }
+    proto::GetElementRequest req;
+    req.set_task_id(request.task_id);
+    req.set_consumer_index(request.consumer_index);
+    req.set_round(request.round);
+    req.set_wait_ms(absl::ToInt64Milliseconds(request.wait));
+    proto::GetElementResponse resp;
+    grpc::Status s = stub_->GetElement(&ctx, req, &resp);
+    {
+      absl::MutexLock l(&mu_);
+      active_.erase(&ctx);
+      if (cancelled_) return absl::CancelledError("transport cancelled");
+    }
+    if (!s.ok()) {
+      return internal::FromGrpcStatus(s, absl::StrCat("GetElement from worker ", address_));
+    }
+    ElementResult out;
+    out.end_of_sequence = resp.end_of_sequence();
+    out.not_ready = resp.not_ready();
+    if (out.end_of_sequence || out.not_ready) return out;
+    auto frame = std::make_shared<std::string>(std::move(*resp.mutable_frame()));
+    out.bytes = frame->size();
+    const auto* data = reinterpret_cast<const uint8_t*>(frame->data());
+    auto decoded = DecodeFrame(data, frame->size(), frame);
+    if (!decoded.ok()) {
+      return absl::DataLossError(absl::StrCat("worker ", address_, " sent a bad element: ",
+                                              decoded.status().message()));
+    }
+    out.element = std::move(decoded->element);
+    return out;
+  }
+
+  void Cancel() override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* c : active_) c->TryCancel();
+  }
+
+  std::string protocol() const override { return "grpc"; }
+
+ private:
+  const std::string address_;
+  std::unique_ptr<proto::WorkerService::Stub> stub_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> active_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
+    const std::string& address) {
+  auto parsed = internal::ParseServiceAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  return std::unique_ptr<ElementTransport>(new GrpcElementTransport(*parsed));
+}
+
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeElementTransport(
+    const std::string& protocol, const std::string& address) {
+  if (protocol == "grpc") return MakeGrpcElementTransport(address);
+  if (protocol == "ucx") {
+    return absl::UnimplementedError("the ucx data transfer protocol is not available yet");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data_transfer_protocol '", protocol, "'; expected grpc or ucx"));
+}
+
+}  // namespace sluice

@@ -1,0 +1,54 @@
+// sluice-dispatcher: runs the service's dispatcher until SIGINT/SIGTERM.
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "sluice/control/dispatch_server.h"
+#include "tools/signal_wait.h"
+
+int main(int argc, char** argv) {
+  sluice::DispatcherConfig c;
+  std::string port_file;
+  CLI::App app{"sluice-dispatcher: the sluice service's control plane (gRPC)"};
+  app.add_option("--port", c.port, "TCP port to serve on; 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--bind_address", c.bind_address, "address to bind (0.0.0.0: all interfaces)")
+      ->capture_default_str();
+  app.add_option("--work_dir", c.work_dir, "journal directory (fault-tolerant mode; not yet available)");
+  app.add_flag("--fault_tolerant_mode", c.fault_tolerant_mode,
+               "journal every state change (not yet available)");
+  app.add_option("--worker_addresses", c.worker_addresses,
+                 "static worker list for static sharding policies")
+      ->delimiter(',');
+  app.add_option("--job_gc_check_interval_ms", c.job_gc_check_interval_ms,
+                 "how often timeouts and garbage collection run")
+      ->capture_default_str();
+  app.add_option("--job_gc_timeout_ms", c.job_gc_timeout_ms,
+                 "collect an iteration no client has read for this long")
+      ->capture_default_str();
+  app.add_option("--worker_timeout_ms", c.worker_timeout_ms,
+                 "a worker silent for this long is lost")
+      ->capture_default_str();
+  app.add_option("--client_timeout_ms", c.client_timeout_ms,
+                 "a client silent for this long is released")
+      ->capture_default_str();
+  app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
+  CLI11_PARSE(app, argc, argv);
+
+  sigset_t signals = sluice::tools::BlockTerminationSignals();
+  auto server = sluice::DispatchServer::Start(c);
+  if (!server.ok()) {
+    std::fprintf(stderr, "sluice-dispatcher: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("sluice-dispatcher: serving %s\n", (*server)->target().c_str());
+  std::fflush(stdout);
+  if (!port_file.empty() &&
+      !sluice::tools::WriteFileAtomically(port_file, std::to_string((*server)->port()))) {
+    std::fprintf(stderr, "sluice-dispatcher: cannot write %s\n", port_file.c_str());
+    return 1;
+  }
+  int sig = sluice::tools::WaitForTerminationSignal(signals);
+  std::printf("sluice-dispatcher: signal %d, stopping\n", sig);
+  (*server)->Stop();
+  return 0;
+}

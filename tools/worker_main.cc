@@ -1,0 +1,52 @@
+// sluice-worker: runs a sluice worker until SIGINT/SIGTERM.
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "sluice/worker/worker_server.h"
+#include "tools/signal_wait.h"
+
+int main(int argc, char** argv) {
+  sluice::WorkerConfig c;
+  std::string port_file;
+  CLI::App app{"sluice-worker: runs pipeline tasks and serves their elements"};
+  app.add_option("--dispatcher", c.dispatcher_address, "dispatcher address, host:port")
+      ->required();
+  app.add_option("--port", c.port, "TCP port to serve on; 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--bind_address", c.bind_address, "address to bind")->capture_default_str();
+  app.add_option("--worker_address", c.worker_address,
+                 "address advertised to clients (default: bind_address:port)");
+  app.add_option("--data_transfer_protocol", c.data_transfer_protocol, "grpc (ucx: coming)")
+      ->capture_default_str();
+  app.add_option("--data_transfer_address", c.data_transfer_address,
+                 "data-plane address when it differs from worker_address");
+  app.add_option("--heartbeat_interval_ms", c.heartbeat_interval_ms, "heartbeat period")
+      ->capture_default_str();
+  app.add_option("--dispatcher_timeout_ms", c.dispatcher_timeout_ms,
+                 "fail at start if the dispatcher is unreachable this long")
+      ->capture_default_str();
+  app.add_option("--plugin", c.plugins, "UDF plugin library to load (repeatable)");
+  app.add_option("--task_buffer_elements", c.task_buffer_elements,
+                 "elements buffered per task ahead of clients")
+      ->capture_default_str();
+  app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
+  CLI11_PARSE(app, argc, argv);
+
+  sigset_t signals = sluice::tools::BlockTerminationSignals();
+  auto server = sluice::WorkerServer::Start(c);
+  if (!server.ok()) {
+    std::fprintf(stderr, "sluice-worker: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("sluice-worker: serving %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  if (!port_file.empty() &&
+      !sluice::tools::WriteFileAtomically(port_file, std::to_string((*server)->port()))) {
+    std::fprintf(stderr, "sluice-worker: cannot write %s\n", port_file.c_str());
+    return 1;
+  }
+  int sig = sluice::tools::WaitForTerminationSignal(signals);
+  std::printf("sluice-worker: signal %d, stopping\n", sig);
+  (*server)->Stop();
+  return 0;
+}

@@ -1,0 +1,99 @@
+#include "sluice/worker/task_runner.h"
+
+#include "absl/strings/str_cat.h"
+#include "sluice/core/frame.h"
+#include "sluice/dataset/dataset.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice::internal {
+
+TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements)
+    : def_(std::move(def)), capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_elements))) {
+  producer_ = std::thread([this] { Produce(); });
+}
+
+TaskRunner::~TaskRunner() {
+  Stop();
+  if (producer_.joinable()) producer_.join();
+}
+
+void TaskRunner::Stop() {
+  absl::MutexLock l(&mu_);
+  stop_ = true;
+}
+
+void TaskRunner::Produce() {
+  auto fail = [this](absl::Status s) {
+    absl::MutexLock l(&mu_);
+    error_ = std::move(s);
+  };
+  auto ds = Dataset::FromDef(def_.dataset());
+  if (!ds.ok()) {
+    spdlog::warn("worker: task {} cannot build its dataset: {}", def_.task_id(),
+                 std::string(ds.status().message()));
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "the dataset does not validate on the worker: ", ds.status().message())));
+  }
+  auto it = ds->MakeIterator();
+  if (!it.ok()) return fail(it.status());
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || buffer_.size() < capacity_;
+      };
+      mu_.Await(absl::Condition(&room));
+      if (stop_) return;
+    }
+    auto e = (*it)->Next();
+    if (!e.ok()) return fail(e.status());
+    if (!e->has_value()) {
+      absl::MutexLock l(&mu_);
+      produced_all_ = true;
+      return;
+    }
+    auto layout = ComputeFrameLayout(**e);
+    if (!layout.ok()) return fail(layout.status());
+    std::string frame(layout->frame_size(), '\0');
+    absl::Status s = EncodeFrame(**e, 0,
+                                 absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(frame.data()),
+                                                     frame.size()));
+    if (!s.ok()) return fail(s);
+    absl::MutexLock l(&mu_);
+    buffer_.push_back(std::move(frame));
+  }
+}
+
+absl::StatusOr<TaskRunner::Next> TaskRunner::GetNext(absl::Duration wait) {
+  absl::MutexLock l(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !buffer_.empty() || produced_all_ || !error_.ok();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+  Next out;
+  if (!buffer_.empty()) {
+    out.frame = std::move(buffer_.front());
+    buffer_.pop_front();
+    return out;
+  }
+  if (!error_.ok()) return error_;
+  if (stop_) return absl::CancelledError(absl::StrCat("task ", def_.task_id(), " was stopped"));
+  if (produced_all_) {
+    out.end_of_sequence = true;
+    return out;
+  }
+  out.not_ready = true;
+  return out;
+}
+
+bool TaskRunner::finished() {
+  absl::MutexLock l(&mu_);
+  return !error_.ok() || (produced_all_ && buffer_.empty());
+}
+
+absl::Status TaskRunner::error() {
+  absl::MutexLock l(&mu_);
+  return error_;
+}
+
+}  // namespace sluice::internal

@@ -1,0 +1,52 @@
+// TaskRunner: runs one task's dataset on its own thread into a bounded
+// element buffer that GetElement calls drain first-come-first-served (so
+// consumers sharing a job split the elements).
+#pragma once
+
+#include <deque>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "control/service.pb.h"
+
+namespace sluice::internal {
+
+class TaskRunner {
+ public:
+  TaskRunner(proto::TaskDef def, int64_t buffer_elements);
+  ~TaskRunner();  // stops and joins the producer
+
+  struct Next {
+    std::string frame;  // an encoded element (when neither flag is set)
+    bool end_of_sequence = false;
+    bool not_ready = false;
+  };
+  // Waits up to `wait` for an element. The task's error (for example a
+  // dataset that does not validate on this worker) is returned as is.
+  absl::StatusOr<Next> GetNext(absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // True once the producer ended and every element was handed out, or the
+  // task failed. Reported to the dispatcher as completed.
+  bool finished() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status error() ABSL_LOCKS_EXCLUDED(mu_);
+  const proto::TaskDef& def() const { return def_; }
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Produce();
+
+  const proto::TaskDef def_;
+  const size_t capacity_;
+  absl::Mutex mu_;
+  std::deque<std::string> buffer_ ABSL_GUARDED_BY(mu_);
+  bool produced_all_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread producer_;
+};
+
+}  // namespace sluice::internal

@@ -1,0 +1,270 @@
+// WorkerServer: the WorkerService gRPC endpoint, the heartbeat loop and the
+// task runners.
+//
+// Threads: gRPC's handler threads serve GetElement; one heartbeat thread
+// (started by Start, joined by Stop) talks to the dispatcher; each task has
+// a producer thread owned by its TaskRunner.
+#include "sluice/worker/worker_server.h"
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "control/service.grpc.pb.h"
+#include "sluice/control/grpc_util.h"
+#include "sluice/dataset/udf.h"
+#include "sluice/worker/task_runner.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice {
+
+using internal::TaskRunner;
+
+struct WorkerServer::Impl final : public proto::WorkerService::Service {
+  WorkerConfig config;
+  std::string address;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<proto::DispatcherService::Stub> dispatcher;
+  std::thread heartbeat;
+  absl::Notification stopping;
+  bool stopped = false;
+
+  absl::Mutex mu;
+  std::map<int64_t, std::shared_ptr<TaskRunner>> tasks ABSL_GUARDED_BY(mu);
+  std::set<int64_t> reported ABSL_GUARDED_BY(mu);  // completion sent to the dispatcher
+  grpc::ClientContext* heartbeat_ctx ABSL_GUARDED_BY(mu) = nullptr;
+
+  std::shared_ptr<TaskRunner> FindTask(int64_t id) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock l(&mu);
+    auto it = tasks.find(id);
+    return it == tasks.end() ? nullptr : it->second;
+  }
+
+  // Tells the dispatcher at once that a task completed or failed (the next
+  // heartbeat repeats it if this call is lost).
+  void ReportFinished(const TaskRunner& task) ABSL_LOCKS_EXCLUDED(mu) {
+    {
+      absl::MutexLock l(&mu);
+      if (!reported.insert(task.def().task_id()).second) return;
+    }
+    proto::WorkerUpdateRequest req;
+    req.set_worker_address(address);
+    auto* u = req.add_updates();
+    u->set_task_id(task.def().task_id());
+    u->set_completed(true);
+    absl::Status err = const_cast<TaskRunner&>(task).error();
+    if (!err.ok()) *u->mutable_error() = ToProtoStatus(err);
+    grpc::ClientContext ctx;
+    internal::SetTimeout(&ctx, absl::Seconds(2));
+    proto::WorkerUpdateResponse resp;
+    grpc::Status s = dispatcher->WorkerUpdate(&ctx, req, &resp);
+    if (!s.ok()) {
+      spdlog::warn("worker {}: WorkerUpdate failed ({}); the next heartbeat will retry", address,
+                   s.error_message());
+    }
+  }
+
+  static proto::StatusProto ToProtoStatus(const absl::Status& s) {
+    proto::StatusProto p;
+    p.set_code(static_cast<int>(s.code()));
+    p.set_message(std::string(s.message()));
+    return p;
+  }
+
+  grpc::Status GetElement(grpc::ServerContext* ctx, const proto::GetElementRequest* req,
+                          proto::GetElementResponse* resp) override {
+    absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 10000));
+    std::shared_ptr<TaskRunner> task = FindTask(req->task_id());
+    if (task == nullptr) {
+      // The client may learn of a task before this worker's heartbeat
+      // delivers it: ask again shortly.
+      stopping.WaitForNotificationWithTimeout(std::min(wait, absl::Milliseconds(20)));
+      resp->set_not_ready(true);
+      return grpc::Status::OK;
+    }
+    auto next = task->GetNext(wait);
+    if (!next.ok()) {
+      if (!absl::IsCancelled(next.status())) ReportFinished(*task);
+      return internal::ToGrpcStatus(next.status());
+    }
+    if (next->end_of_sequence) {
+      ReportFinished(*task);
+      resp->set_end_of_sequence(true);
+    } else if (next->not_ready) {
+      resp->set_not_ready(true);
+    } else {
+      *resp->mutable_frame() = std::move(next->frame);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetWorkerTasks(grpc::ServerContext*, const proto::GetWorkerTasksRequest*,
+                              proto::GetWorkerTasksResponse* resp) override {
+    absl::MutexLock l(&mu);
+    for (const auto& [id, t] : tasks) *resp->add_tasks() = t->def();
+    return grpc::Status::OK;
+  }
+
+  // One heartbeat; `wait` is the long-poll time the dispatcher may hold it.
+  absl::Status Heartbeat(absl::Duration wait, absl::Duration deadline, bool wait_for_ready)
+      ABSL_LOCKS_EXCLUDED(mu) {
+    proto::WorkerHeartbeatRequest req;
+    req.set_worker_address(address);
+    req.set_transfer_address(config.data_transfer_address.empty() ? address
+                                                                   : config.data_transfer_address);
+    req.set_transfer_protocol(config.data_transfer_protocol);
+    req.set_wait_ms(absl::ToInt64Milliseconds(wait));
+    grpc::ClientContext ctx;
+    internal::SetTimeout(&ctx, deadline);
+    ctx.set_wait_for_ready(wait_for_ready);
+    {
+      absl::MutexLock l(&mu);
+      for (const auto& [id, t] : tasks) {
+        req.add_current_tasks(id);
+        if (t->finished()) req.add_finished_tasks(id);
+      }
+      if (stopping.HasBeenNotified()) return absl::CancelledError("worker stopping");
+      heartbeat_ctx = &ctx;
+    }
+    proto::WorkerHeartbeatResponse resp;
+    grpc::Status s = dispatcher->WorkerHeartbeat(&ctx, req, &resp);
+    std::vector<std::shared_ptr<TaskRunner>> doomed;  // destroyed outside the lock
+    {
+      absl::MutexLock l(&mu);
+      heartbeat_ctx = nullptr;
+      if (!s.ok()) {
+        return internal::FromGrpcStatus(
+            s, absl::StrCat("heartbeat to dispatcher ", config.dispatcher_address));
+      }
+      for (const auto& def : resp.new_tasks()) {
+        if (tasks.count(def.task_id())) continue;
+        tasks.emplace(def.task_id(),
+                      std::make_shared<TaskRunner>(def, config.task_buffer_elements));
+      }
+      for (int64_t id : resp.tasks_to_delete()) {
+        auto it = tasks.find(id);
+        if (it == tasks.end()) continue;
+        it->second->Stop();
+        doomed.push_back(std::move(it->second));
+        tasks.erase(it);
+        reported.erase(id);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void HeartbeatLoop() {
+    const absl::Duration interval = absl::Milliseconds(config.heartbeat_interval_ms);
+    int failures = 0;
+    while (!stopping.HasBeenNotified()) {
+      absl::Status s = Heartbeat(interval, interval + absl::Seconds(10), false);
+      if (s.ok()) {
+        if (failures > 0) spdlog::info("worker {}: dispatcher reachable again", address);
+        failures = 0;
+        continue;
+      }
+      if (stopping.HasBeenNotified()) break;
+      if (failures++ % 20 == 0) {
+        spdlog::warn("worker {}: {}; retrying", address, std::string(s.message()));
+      }
+      stopping.WaitForNotificationWithTimeout(std::min(interval, absl::Milliseconds(250)));
+    }
+  }
+};
+
+WorkerServer::WorkerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+WorkerServer::~WorkerServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config) {
+  auto dispatcher = internal::ParseServiceAddress(config.dispatcher_address);
+  if (!dispatcher.ok()) return dispatcher.status();
+  if (config.data_transfer_protocol != "grpc") {
+    if (config.data_transfer_protocol == "ucx") {
+      return absl::UnimplementedError(
+          "data_transfer_protocol 'ucx' is not available yet; use 'grpc'");
+    }
+    return absl::InvalidArgumentError(absl::StrCat("unknown data_transfer_protocol '",
+                                                   config.data_transfer_protocol,
+                                                   "'; expected grpc or ucx"));
+  }
+  if (config.port < 0 || config.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is not in 0..65535"));
+  }
+  if (config.heartbeat_interval_ms <= 0 || config.dispatcher_timeout_ms <= 0 ||
+      config.task_buffer_elements <= 0) {
+    return absl::InvalidArgumentError(
+        "heartbeat_interval_ms, dispatcher_timeout_ms and task_buffer_elements must be > 0");
+  }
+  for (const std::string& p : config.plugins) {
+    absl::Status s = LoadPlugin(p);
+    if (!s.ok() && !absl::IsAlreadyExists(s)) return s;
+    if (!s.ok()) spdlog::warn("worker: {}", std::string(s.message()));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  grpc::ServerBuilder builder;
+  internal::ConfigureServerBuilder(&builder);
+  std::string listen = absl::StrCat(config.bind_address, ":", config.port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(impl.get());
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || impl->port == 0) {
+    return absl::UnavailableError(absl::StrCat("worker cannot listen on ", listen));
+  }
+  impl->address = config.worker_address.empty()
+                      ? absl::StrCat(config.bind_address == "0.0.0.0" ? "127.0.0.1"
+                                                                       : config.bind_address,
+                                     ":", impl->port)
+                      : config.worker_address;
+  impl->dispatcher = proto::DispatcherService::NewStub(internal::MakeChannel(*dispatcher));
+  // Register now, so that an unreachable dispatcher fails Start clearly.
+  absl::Status s = impl->Heartbeat(absl::ZeroDuration(),
+                                   absl::Milliseconds(config.dispatcher_timeout_ms), true);
+  if (!s.ok()) {
+    impl->server->Shutdown();
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+      return absl::UnavailableError(absl::StrCat("worker cannot reach the dispatcher at ",
+                                                 *dispatcher, " within ",
+                                                 config.dispatcher_timeout_ms, " ms"));
+    }
+    return s;
+  }
+  Impl* raw = impl.get();
+  impl->heartbeat = std::thread([raw] { raw->HeartbeatLoop(); });
+  spdlog::info("worker: serving on {} (dispatcher {})", impl->address, *dispatcher);
+  return std::unique_ptr<WorkerServer>(new WorkerServer(std::move(impl)));
+}
+
+std::string WorkerServer::address() const { return impl_->address; }
+int WorkerServer::port() const { return impl_->port; }
+
+int64_t WorkerServer::num_tasks() const {
+  absl::MutexLock l(&impl_->mu);
+  return static_cast<int64_t>(impl_->tasks.size());
+}
+
+void WorkerServer::Stop() {
+  if (impl_ == nullptr || impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->stopping.Notify();
+  {
+    absl::MutexLock l(&impl_->mu);
+    for (auto& [id, t] : impl_->tasks) t->Stop();  // wakes GetElement waits
+    if (impl_->heartbeat_ctx != nullptr) impl_->heartbeat_ctx->TryCancel();
+  }
+  impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+  impl_->server->Wait();
+  if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
+  std::map<int64_t, std::shared_ptr<TaskRunner>> tasks;
+  {
+    absl::MutexLock l(&impl_->mu);
+    tasks.swap(impl_->tasks);
+  }
+  tasks.clear();  // joins the producers
+}
+
+}  // namespace sluice

@@ -1,0 +1,64 @@
+// The worker: registers with the dispatcher, receives tasks, runs the part
+// of each pipeline before Distribute, buffers produced elements and serves
+// them to clients.
+//
+//   sluice::WorkerConfig wc;
+//   wc.dispatcher_address = dispatcher->address();   // "host:port" or "grpc://host:port"
+//   auto worker = sluice::WorkerServer::Start(wc);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace sluice {
+
+struct WorkerConfig {
+  std::string dispatcher_address;
+  // Address the worker advertises to the dispatcher and clients; empty:
+  // "<bind_address>:<port>". Must be reachable by clients.
+  std::string worker_address;
+  std::string bind_address = "127.0.0.1";
+  int port = 0;  // 0 picks a free port
+  // "grpc" for now ("ucx" arrives with the UCX data plane).
+  std::string data_transfer_protocol = "grpc";
+  // Data-plane address when it differs from worker_address.
+  std::string data_transfer_address;
+  // Heartbeat period; heartbeats long-poll, so new tasks arrive at once.
+  int64_t heartbeat_interval_ms = 1000;
+  // Start() fails with Unavailable if the dispatcher cannot be reached
+  // within this long.
+  int64_t dispatcher_timeout_ms = 10000;
+  // UDF plugin libraries to load before serving.
+  std::vector<std::string> plugins;
+  // Elements buffered per task ahead of the clients (bounds memory).
+  int64_t task_buffer_elements = 16;
+};
+
+class WorkerServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(const WorkerConfig& config);
+  ~WorkerServer();  // calls Stop()
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  // The advertised "host:port".
+  std::string address() const;
+  int port() const;
+  // Number of tasks currently held.
+  int64_t num_tasks() const;
+  // Stops serving, stops every task and joins all threads. Idempotent;
+  // returns promptly.
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit WorkerServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice
