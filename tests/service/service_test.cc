@@ -1,0 +1,367 @@
+// The service's semantics, end to end, with an in-process dispatcher and
+// workers on loopback.
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <map>
+#include <thread>
+
+#include "sluice/client/distribute.h"
+#include "sluice/control/dispatch_server.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/expr.h"
+#include "sluice/worker/worker_server.h"
+#include "tests/dataset/dataset_test_util.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice_test::Collect;
+using ::sluice_test::CollectScalars;
+using ::testing::UnorderedElementsAreArray;
+using expr::x;
+
+// Runs `fn` on another thread and fails the test if it does not finish in
+// `limit` (a hang guard, not a performance check).
+template <typename F>
+auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  auto fut = std::async(std::launch::async, std::move(fn));
+  if (fut.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "hang: did not finish within " << limit.count() << " s";
+    std::abort();  // a hung call cannot be cancelled; stop the test binary
+  }
+  return fut.get();
+}
+
+std::map<int64_t, int> Counts(const std::vector<int64_t>& v) {
+  std::map<int64_t, int> m;
+  for (int64_t x : v) ++m[x];
+  return m;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void StartDispatcher(DispatcherConfig dc = {}) {
+    auto d = DispatchServer::Start(dc);
+    ASSERT_OK(d);
+    dispatcher_ = *std::move(d);
+  }
+  void StartWorkers(int n) {
+    for (int i = 0; i < n; ++i) {
+      WorkerConfig wc;
+      wc.dispatcher_address = dispatcher_->address();
+      wc.heartbeat_interval_ms = 200;
+      auto w = WorkerServer::Start(wc);
+      ASSERT_OK(w);
+      workers_.push_back(*std::move(w));
+    }
+  }
+  void StartService(int workers, DispatcherConfig dc = {}) {
+    StartDispatcher(dc);
+    StartWorkers(workers);
+  }
+  DistributeOptions Options(std::string job_name = "") const {
+    DistributeOptions o;
+    o.service = dispatcher_->target();
+    o.job_name = std::move(job_name);
+    return o;
+  }
+  void TearDown() override {
+    for (auto& w : workers_) w->Stop();
+    if (dispatcher_) dispatcher_->Stop();
+  }
+
+  std::unique_ptr<DispatchServer> dispatcher_;
+  std::vector<std::unique_ptr<WorkerServer>> workers_;
+};
+
+TEST_F(ServiceTest, SeedExampleRunsBeforeDistributeOnWorkersAndAfterLocally) {
+  StartService(2);
+  Dataset ds = Dataset::Range(5).Map(x * x).Distribute(Options()).Map(x + 1);
+  ASSERT_OK(ds.status());
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] { return CollectScalars<int64_t>(ds); }));
+  EXPECT_THAT(v, UnorderedElementsAreArray({1, 1, 2, 2, 5, 5, 10, 10, 17, 17}));
+}
+
+TEST_F(ServiceTest, ParallelEpochsEveryWorkerProducesTheWholeDataset) {
+  StartService(3);
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(3).Distribute(Options()));
+                       }));
+  EXPECT_THAT(v, UnorderedElementsAreArray({0, 0, 0, 1, 1, 1, 2, 2, 2}));
+}
+
+TEST_F(ServiceTest, EachMakeIteratorIsANewIteration) {
+  StartService(1);
+  Dataset ds = Dataset::Range(4).Distribute(Options("epochs"));
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] { return CollectScalars<int64_t>(ds); }));
+    EXPECT_THAT(v, UnorderedElementsAreArray({0, 1, 2, 3})) << "epoch " << epoch;
+  }
+  // Repeat after Distribute re-creates the service iterator every epoch.
+  ASSERT_OK_AND_ASSIGN(auto r, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(
+                             Dataset::Range(2).Distribute(Options()).Repeat(3));
+                       }));
+  EXPECT_THAT(r, UnorderedElementsAreArray({0, 0, 0, 1, 1, 1}));
+}
+
+TEST_F(ServiceTest, SharedJobNameSplitsEachIterationBetweenConsumers) {
+  StartService(2);
+  constexpr int kConsumers = 3, kIterations = 3, kN = 300;
+  std::vector<int64_t> got[kConsumers][kIterations];
+  absl::Status status[kConsumers];
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      // Each consumer builds its own dataset, as separate trainers would.
+      Dataset ds = Dataset::Range(kN).Distribute(Options("shared"));
+      for (int i = 0; i < kIterations; ++i) {
+        auto v = CollectScalars<int64_t>(ds);
+        if (!v.ok()) {
+          status[c] = v.status();
+          return;
+        }
+        got[c][i] = *std::move(v);
+      }
+    });
+  }
+  WithHangGuard([&] {
+    for (auto& t : threads) t.join();
+    return 0;
+  });
+  std::vector<int64_t> expected;
+  for (int k = 0; k < 2; ++k) {
+    for (int64_t i = 0; i < kN; ++i) expected.push_back(i);
+  }
+  for (int i = 0; i < kIterations; ++i) {
+    std::vector<int64_t> all;
+    for (int c = 0; c < kConsumers; ++c) {
+      ASSERT_OK(status[c]);
+      all.insert(all.end(), got[c][i].begin(), got[c][i].end());
+    }
+    // The union over consumers is exactly one job iteration's output
+    // (parallel_epochs on 2 workers: every value twice).
+    EXPECT_THAT(all, UnorderedElementsAreArray(expected)) << "iteration " << i;
+  }
+}
+
+TEST_F(ServiceTest, ReadToTheEndJobNameYieldsEndOfInputToANewcomer) {
+  StartService(1);
+  ASSERT_OK_AND_ASSIGN(auto first, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(5).Distribute(Options("done")));
+                       }));
+  EXPECT_EQ(first.size(), 5u);
+  ASSERT_OK_AND_ASSIGN(auto late, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(5).Distribute(Options("done")));
+                       }));
+  EXPECT_TRUE(late.empty());
+}
+
+TEST_F(ServiceTest, SameJobNameWithDifferentDatasetIsInvalidArgument) {
+  StartService(1);
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(5).Distribute(Options("train")).MakeIterator());
+  EXPECT_STATUS(Dataset::Range(6).Distribute(Options("train")).MakeIterator(),
+                absl::StatusCode::kInvalidArgument, "job 'train' exists for dataset");
+}
+
+TEST_F(ServiceTest, WithoutJobNameEachIteratorIsAPrivateJob) {
+  StartService(1);
+  Dataset a = Dataset::Range(50).Distribute(Options());
+  Dataset b = Dataset::Range(50).Distribute(Options());
+  auto [va, vb] = WithHangGuard([&] {
+    return std::make_pair(CollectScalars<int64_t>(a), CollectScalars<int64_t>(b));
+  });
+  ASSERT_OK(va);
+  ASSERT_OK(vb);
+  EXPECT_EQ(va->size(), 50u);
+  EXPECT_EQ(vb->size(), 50u);
+}
+
+TEST_F(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
+  StartService(1);
+  constexpr int64_t kN = 10000;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(Options()).MakeIterator());
+  std::vector<int64_t> got;
+  for (int i = 0; i < 100; ++i) {
+    auto e = it->Next();
+    ASSERT_OK(e);
+    ASSERT_TRUE(e->has_value());
+    got.push_back((**e)[0].at<int64_t>(0));
+  }
+  StartWorkers(1);
+  WithHangGuard([&] {
+    while (true) {
+      auto e = it->Next();
+      if (!e.ok()) {
+        ADD_FAILURE() << e.status();
+        break;
+      }
+      if (!e->has_value()) break;
+      got.push_back((**e)[0].at<int64_t>(0));
+    }
+    return 0;
+  });
+  auto counts = Counts(got);
+  ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
+  for (const auto& [v, n] : counts) ASSERT_EQ(n, 2) << "value " << v;
+}
+
+TEST_F(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
+  StartService(1);
+  DistributeOptions o = Options();
+  o.max_outstanding_requests = 2;
+  int64_t before = GetDataServiceStats().elements_received;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1000).Distribute(o).MakeIterator());
+  for (int i = 0; i < 5; ++i) ASSERT_OK(it->Next());
+  // Give the fetchers every chance to overrun; the bound must still hold.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int64_t received = GetDataServiceStats().elements_received - before;
+  EXPECT_GE(received, 5);
+  EXPECT_LE(received, 5 + 2);
+}
+
+TEST_F(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
+  StartService(1);
+  std::vector<uint8_t> big(64 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  Element tuple = {Tensor::FromVector<float>({1.5f, -2.25f, 3e30f}),
+                   Tensor::Strings({"a", "", "ünïcode", std::string(1000, 'z')}),
+                   *Tensor::FromVector<int16_t>({1, -2, 3, -4, 5, -6}, TensorShape({2, 3})),
+                   Tensor::Scalar<bool>(true),
+                   Tensor::Scalar<Float16>(Float16(0.5f)),
+                   Tensor::Scalar<uint64_t>(~uint64_t{0})};
+  Element huge = {Tensor::FromVector<uint8_t>(big)};
+  for (const Element& e : {tuple, huge}) {
+    ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
+                           return Collect(Dataset::FromTensors({e}).Distribute(Options()));
+                         }));
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_TRUE(ElementsEqual(out[0], e));
+  }
+}
+
+TEST_F(ServiceTest, RuntimeErrorOnTheWorkerReachesTheClient) {
+  StartService(1);
+  EXPECT_STATUS(WithHangGuard([&] {
+                  return Collect(Dataset::Range(10).Map(x / (x - 3)).Distribute(Options()));
+                }),
+                absl::StatusCode::kInvalidArgument, "division by zero");
+}
+
+TEST_F(ServiceTest, UnreachableServiceIsUnavailableWithinTheTimeout) {
+  // A port nobody listens on: start and stop a dispatcher to find one.
+  StartDispatcher();
+  std::string target = dispatcher_->target();
+  dispatcher_->Stop();
+  DistributeOptions o;
+  o.service = target;
+  o.dispatcher_timeout_ms = 500;
+  EXPECT_STATUS(WithHangGuard([&] { return Dataset::Range(3).Distribute(o).MakeIterator(); }),
+                absl::StatusCode::kUnavailable, "cannot reach the sluice dispatcher");
+  WorkerConfig wc;
+  wc.dispatcher_address = dispatcher_->address();
+  wc.dispatcher_timeout_ms = 500;
+  EXPECT_STATUS(WithHangGuard([&] { return WorkerServer::Start(wc); }),
+                absl::StatusCode::kUnavailable, "cannot reach the dispatcher");
+}
+
+TEST_F(ServiceTest, BadOptionsAreInvalidArgument) {
+  StartService(1);
+  DistributeOptions o = Options();
+  o.processing_mode = "sideways";
+  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+                "unknown processing_mode 'sideways'");
+  o = Options();
+  o.service = "grpc://no-port-here";
+  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+                "malformed service address");
+  o = Options();
+  o.max_outstanding_requests = 0;
+  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+                "max_outstanding_requests must be > 0");
+  o = Options();
+  o.data_transfer_protocol = "carrier-pigeon";
+  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+                "unknown data_transfer_protocol");
+  EXPECT_STATUS(Dataset::Range(3).Distribute(Options()).Distribute(Options()).status(),
+                absl::StatusCode::kInvalidArgument, "already contains a Distribute");
+  WorkerConfig wc;
+  wc.dispatcher_address = "not an address";
+  EXPECT_STATUS(WorkerServer::Start(wc), absl::StatusCode::kInvalidArgument,
+                "malformed service address");
+}
+
+TEST_F(ServiceTest, RegisterDatasetAndFromDatasetId) {
+  StartService(2);
+  Dataset ds = Dataset::Range(4).Map(x * 3);
+  ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(dispatcher_->target(), ds));
+  ASSERT_OK_AND_ASSIGN(std::string again, RegisterDataset(dispatcher_->target(), ds));
+  EXPECT_EQ(id, again);
+  Dataset remote = Dataset::FromDatasetId("parallel_epochs", dispatcher_->target(), id, Options());
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] { return CollectScalars<int64_t>(remote.Map(x + 1)); }));
+  EXPECT_THAT(v, UnorderedElementsAreArray({1, 1, 4, 4, 7, 7, 10, 10}));
+  EXPECT_STATUS(Collect(Dataset::FromDatasetId("parallel_epochs", dispatcher_->target(),
+                                                "ds-nonexistent", Options())),
+                absl::StatusCode::kNotFound, "is not registered");
+}
+
+TEST_F(ServiceTest, DestroyingTheIteratorReleasesItsIterationClient) {
+  StartService(1);
+  int64_t released = GetDataServiceStats().iterations_released;
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1000000).Distribute(Options()).MakeIterator());
+    ASSERT_OK(it->Next());
+  }  // destroyed mid-stream
+  EXPECT_EQ(GetDataServiceStats().iterations_released, released + 1);
+}
+
+TEST_F(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
+  DispatcherConfig dc;
+  dc.worker_timeout_ms = 500;
+  StartService(2, dc);
+  constexpr int64_t kN = 30000;
+  int64_t lost_before = GetDataServiceStats().lost_tasks;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(Options()).MakeIterator());
+  std::vector<int64_t> got;
+  for (int i = 0; i < 50; ++i) {
+    auto e = it->Next();
+    ASSERT_OK(e);
+    got.push_back((**e)[0].at<int64_t>(0));
+  }
+  workers_[1]->Stop();  // dies mid-stream: no more heartbeats or elements
+  WithHangGuard([&] {
+    while (true) {
+      auto e = it->Next();
+      if (!e.ok()) {
+        ADD_FAILURE() << e.status();
+        break;
+      }
+      if (!e->has_value()) break;
+      got.push_back((**e)[0].at<int64_t>(0));
+    }
+    return 0;
+  });
+  auto counts = Counts(got);
+  // The surviving worker delivered the whole dataset.
+  ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
+  EXPECT_EQ(GetDataServiceStats().lost_tasks, lost_before + 1);
+}
+
+TEST_F(ServiceTest, StopReturnsWhileClientsAreMidStream) {
+  StartService(2);
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10000000).Distribute(Options()).MakeIterator());
+  ASSERT_OK(it->Next());
+  auto start = std::chrono::steady_clock::now();
+  WithHangGuard([&] {
+    for (auto& w : workers_) w->Stop();
+    dispatcher_->Stop();
+    return 0;
+  });
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("Stop() of 2 workers and the dispatcher took %.3f s\n", secs);
+  it.reset();  // the client gives up on the stopped service without hanging
+}
+
+}  // namespace
+}  // namespace sluice
