@@ -4,6 +4,7 @@
 #include "sluice/core/dtype.h"
 #include "sluice/core/frame.h"
 #include "sluice/core/half.h"
+#include "sluice/core/logging.h"
 #include "sluice/core/status.h"
 #include "sluice/core/tensor.h"
 #include "sluice/dataset/dataset.h"

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
+#include "sluice/core/logging.h"
 #include "sluice/control/dispatch_server.h"
 #include "tools/signal_wait.h"
 
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
   CLI11_PARSE(app, argc, argv);
+  sluice::InitLoggingFromEnv();
 
   sigset_t signals = sluice::tools::BlockTerminationSignals();
   auto server = sluice::DispatchServer::Start(c);
