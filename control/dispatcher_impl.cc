@@ -1,5 +1,7 @@
 #include "sluice/control/dispatcher_impl.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "sluice/core/status.h"
@@ -128,11 +130,18 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   for (int64_t id : held) {
     if (!w.tasks.count(id)) w.pending_delete.push_back(id);
   }
-  auto has_news = [&w, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shutdown_ || !w.pending_new.empty() || !w.pending_delete.empty();
+  // The condition looks the worker up again: Tick() may remove it while we
+  // wait (its entry must not be referenced across the wait).
+  auto has_news = [&addr, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = workers_.find(addr);
+    return shutdown_ || it == workers_.end() || !it->second.pending_new.empty() ||
+           !it->second.pending_delete.empty();
   };
   if (req.wait_ms() > 0 && !has_news()) {
+    ++w.waiting;  // a worker inside a long poll is alive
     mu_.AwaitWithTimeout(absl::Condition(&has_news), absl::Milliseconds(req.wait_ms()));
+    auto again = workers_.find(addr);
+    if (again != workers_.end()) --again->second.waiting;
   }
   // The worker may have been removed while we waited (Tick after timeout).
   wit = workers_.find(addr);
@@ -212,11 +221,8 @@ absl::Status DispatcherImpl::GetDatasetDef(const proto::GetDatasetDefRequest& re
 
 absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& req,
                                             proto::GetOrCreateJobResponse* resp) {
-  if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
-    return absl::UnimplementedError(
-        "processing_mode distributed_epoch is not available yet; use parallel_epochs");
-  }
-  if (req.processing_mode() != proto::PARALLEL_EPOCHS) {
+  if (req.processing_mode() != proto::PARALLEL_EPOCHS &&
+      req.processing_mode() != proto::DISTRIBUTED_EPOCH) {
     return absl::InvalidArgumentError("GetOrCreateJob: processing_mode is unspecified");
   }
   if (req.num_consumers() < 0) {
@@ -251,6 +257,10 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
       resp->set_job_id(job.id);
       return absl::OkStatus();
     }
+  }
+  if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+    return absl::UnimplementedError(
+        "processing_mode distributed_epoch is not available yet; use parallel_epochs");
   }
   Job job;
   job.id = next_id_++;
@@ -416,7 +426,7 @@ void DispatcherImpl::Tick() {
   absl::Time now = clock_();
   std::vector<std::string> dead_workers;
   for (auto& [addr, w] : workers_) {
-    if (now - w.last_heartbeat > absl::Milliseconds(config_.worker_timeout_ms)) {
+    if (w.waiting == 0 && now - w.last_heartbeat > absl::Milliseconds(config_.worker_timeout_ms)) {
       dead_workers.push_back(addr);
     }
   }
@@ -443,7 +453,18 @@ void DispatcherImpl::Tick() {
       if (anonymous) drop_jobs.push_back(job.id);
     }
   }
-  // Anonymous jobs have one iteration and no way back in: forget them.
+  // An anonymous job has no name to come back by: once every iteration of
+  // it is collected, forget it entirely.
+  std::sort(drop_jobs.begin(), drop_jobs.end());
+  drop_jobs.erase(std::unique(drop_jobs.begin(), drop_jobs.end()), drop_jobs.end());
+  drop_jobs.erase(std::remove_if(drop_jobs.begin(), drop_jobs.end(),
+                                 [this](int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                   for (auto& [rep, id] : jobs_.at(job_id).iteration_by_repetition) {
+                                     if (!iterations_.at(id).collected) return true;
+                                   }
+                                   return false;
+                                 }),
+                  drop_jobs.end());
   for (int64_t job_id : drop_jobs) {
     for (auto& [rep, iteration_id] : jobs_.at(job_id).iteration_by_repetition) {
       iterations_.erase(iteration_id);

@@ -125,6 +125,7 @@ class DispatcherImpl {
     std::string address, transfer_address, protocol;
     int64_t index = 0;
     absl::Time last_heartbeat;
+    int waiting = 0;  // heartbeats currently held in a long poll
     std::set<int64_t> tasks;
     std::vector<proto::TaskDef> pending_new;
     std::vector<int64_t> pending_delete;

@@ -466,6 +466,8 @@ absl::StatusOr<Tensor> UnaryKernel(absl::string_view op, int code, const Tensor&
       } else {  // ABS
         if constexpr (std::is_unsigned_v<C>) {
           r = v;
+        } else if constexpr (std::is_floating_point_v<C>) {
+          r = std::fabs(v);  // also clears the sign of -0.0 and NaN
         } else {
           r = v < C(0) ? WrapNeg(v) : v;
         }
@@ -594,6 +596,9 @@ struct CompiledFunction::Node {
   int op = 0;
   DType cast_to = DType::kFloat32;
   std::unique_ptr<Node> a, b;
+  // The value of a weak (literals-only) unary/binary subtree, computed when
+  // the function is compiled so the literal's range can be checked.
+  Tensor folded;
 };
 
 CompiledFunction::~CompiledFunction() = default;
@@ -655,7 +660,25 @@ absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::stri
   return n;
 }
 
-absl::StatusOr<TypeInfo> Infer(const Node& n, const ElementSpec& in, absl::string_view op) {
+struct Value {
+  Tensor t;
+  bool weak = false;
+};
+
+absl::StatusOr<Value> Eval(const Node& n, const Element& in, absl::string_view op);
+
+// A weak result is built from literals only: evaluate it now, so that
+// CheckAdopt can range-check its value at definition time like a plain
+// literal's. An evaluation error (division by zero) is left to run time.
+void FoldWeak(Node& n, absl::string_view op, TypeInfo& t) {
+  if (!t.weak || t.value != nullptr) return;
+  auto v = Eval(n, Element{}, op);
+  if (!v.ok()) return;
+  n.folded = std::move(v->t);
+  t.value = &n.folded;
+}
+
+absl::StatusOr<TypeInfo> Infer(Node& n, const ElementSpec& in, absl::string_view op) {
   switch (n.kind) {
     case proto::Expr::kComponent: {
       TypeInfo t;
@@ -674,21 +697,22 @@ absl::StatusOr<TypeInfo> Infer(const Node& n, const ElementSpec& in, absl::strin
       const ComponentSpec& c = in.components[n.index == -1 ? 0 : n.index];
       t.dtype = c.dtype;
       t.shape = c.shape;
-      if (t.dtype == DType::kString) {
-        return ExprError(op, "x", "string components are not supported in expressions");
-      }
+      // A string component may pass through; the ops that take it reject it.
       return t;
     }
     case proto::Expr::kConstant:
       return InfoOf(n.constant, n.weak);
     case proto::Expr::kUnary: {
       SLUICE_ASSIGN_OR_RETURN(TypeInfo a, Infer(*n.a, in, op));
-      return ResolveUnary(op, n.op, a);
+      SLUICE_ASSIGN_OR_RETURN(TypeInfo r, ResolveUnary(op, n.op, a));
+      FoldWeak(n, op, r);
+      return r;
     }
     case proto::Expr::kBinary: {
       SLUICE_ASSIGN_OR_RETURN(TypeInfo a, Infer(*n.a, in, op));
       SLUICE_ASSIGN_OR_RETURN(TypeInfo b, Infer(*n.b, in, op));
       SLUICE_ASSIGN_OR_RETURN(BinaryResolution r, ResolveBinary(op, n.op, a, b));
+      FoldWeak(n, op, r.result);
       return r.result;
     }
     case proto::Expr::kCast: {
@@ -704,11 +728,6 @@ absl::StatusOr<TypeInfo> Infer(const Node& n, const ElementSpec& in, absl::strin
   }
 }
 
-struct Value {
-  Tensor t;
-  bool weak = false;
-};
-
 absl::StatusOr<Value> Eval(const Node& n, const Element& in, absl::string_view op) {
   switch (n.kind) {
     case proto::Expr::kComponent: {
@@ -722,9 +741,6 @@ absl::StatusOr<Value> Eval(const Node& n, const Element& in, absl::string_view o
                                                   in.size(), " components"));
       }
       const Tensor& t = in[n.index == -1 ? 0 : n.index];
-      if (t.dtype() == DType::kString) {
-        return ExprError(op, "x", "string components are not supported in expressions");
-      }
       return Value{t, false};
     }
     case proto::Expr::kConstant:

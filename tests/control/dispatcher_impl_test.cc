@@ -1,0 +1,1125 @@
+// Unit tests of sluice::internal::DispatcherImpl, the dispatcher's
+// transport-agnostic state machine. Every method is called directly with
+// proto requests; time comes from a fake clock the tests advance, and every
+// long poll is disabled (wait_ms = 0) except in LongPollsReturnEarlyOnChange.
+#include "sluice/control/dispatcher_impl.h"
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "control/service.pb.h"
+#include "dataset/dataset.pb.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/expr.h"
+#include "tests/test_util.h"
+
+namespace sluice::internal {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+using sluice::expr::x;
+
+constexpr char kW1[] = "127.0.0.1:7001";
+constexpr char kW2[] = "127.0.0.1:7002";
+constexpr char kW3[] = "127.0.0.1:7003";
+
+DispatcherConfig TestConfig() {
+  DispatcherConfig c;
+  c.worker_timeout_ms = 10000;
+  c.client_timeout_ms = 30000;
+  c.job_gc_timeout_ms = 60000;
+  return c;
+}
+
+class DispatcherImplTest : public ::testing::Test {
+ protected:
+  DispatcherImplTest() { Reset(TestConfig()); }
+
+  // Replaces the dispatcher with a fresh one using `config`.
+  void Reset(const DispatcherConfig& config) {
+    d_ = std::make_unique<DispatcherImpl>(config, [this] {
+      return absl::FromUnixMillis(now_ms_.load());
+    });
+  }
+
+  void Advance(absl::Duration d) { now_ms_ += absl::ToInt64Milliseconds(d); }
+
+  // ---- request helpers (no long polls) ----
+
+  absl::StatusOr<std::string> Register(const proto::DatasetDef& def) {
+    proto::RegisterDatasetRequest req;
+    *req.mutable_dataset() = def;
+    proto::RegisterDatasetResponse resp;
+    absl::Status s = d_->RegisterDataset(req, &resp);
+    if (!s.ok()) return s;
+    return resp.dataset_id();
+  }
+  absl::StatusOr<std::string> RegisterRange(int64_t n) { return Register(Dataset::Range(n).def()); }
+
+  absl::StatusOr<int64_t> Job(const std::string& dataset_id, const std::string& name = "",
+                              proto::ProcessingMode mode = proto::PARALLEL_EPOCHS) {
+    proto::GetOrCreateJobRequest req;
+    req.set_dataset_id(dataset_id);
+    req.set_processing_mode(mode);
+    req.set_job_name(name);
+    proto::GetOrCreateJobResponse resp;
+    absl::Status s = d_->GetOrCreateJob(req, &resp);
+    if (!s.ok()) return s;
+    return resp.job_id();
+  }
+
+  absl::StatusOr<proto::GetOrCreateIterationResponse> Iteration(int64_t job_id,
+                                                                int64_t repetition = 0) {
+    proto::GetOrCreateIterationRequest req;
+    req.set_job_id(job_id);
+    req.set_repetition(repetition);
+    proto::GetOrCreateIterationResponse resp;
+    absl::Status s = d_->GetOrCreateIteration(req, &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<proto::WorkerHeartbeatResponse> WorkerHb(
+      const std::string& address, const std::vector<int64_t>& current = {},
+      const std::vector<int64_t>& finished = {}, const std::string& transfer_address = "",
+      const std::string& protocol = "") {
+    proto::WorkerHeartbeatRequest req;
+    req.set_worker_address(address);
+    req.set_transfer_address(transfer_address);
+    req.set_transfer_protocol(protocol);
+    for (int64_t id : current) req.add_current_tasks(id);
+    for (int64_t id : finished) req.add_finished_tasks(id);
+    req.set_wait_ms(0);
+    proto::WorkerHeartbeatResponse resp;
+    absl::Status s = d_->WorkerHeartbeat(req, &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::StatusOr<proto::ClientHeartbeatResponse> ClientHb(int64_t client_id) {
+    proto::ClientHeartbeatRequest req;
+    req.set_iteration_client_id(client_id);
+    req.set_known_version(-1);
+    req.set_wait_ms(0);
+    proto::ClientHeartbeatResponse resp;
+    absl::Status s = d_->ClientHeartbeat(req, &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  absl::Status Complete(const std::string& worker, int64_t task_id) {
+    proto::WorkerUpdateRequest req;
+    req.set_worker_address(worker);
+    auto* u = req.add_updates();
+    u->set_task_id(task_id);
+    u->set_completed(true);
+    proto::WorkerUpdateResponse resp;
+    return d_->WorkerUpdate(req, &resp);
+  }
+
+  absl::Status Fail(const std::string& worker, int64_t task_id, const absl::Status& error) {
+    proto::WorkerUpdateRequest req;
+    req.set_worker_address(worker);
+    auto* u = req.add_updates();
+    u->set_task_id(task_id);
+    u->set_completed(true);
+    *u->mutable_error() = ToProto(error);
+    proto::WorkerUpdateResponse resp;
+    return d_->WorkerUpdate(req, &resp);
+  }
+
+  absl::Status Release(int64_t client_id) {
+    proto::ReleaseIterationClientRequest req;
+    req.set_iteration_client_id(client_id);
+    proto::ReleaseIterationClientResponse resp;
+    return d_->ReleaseIterationClient(req, &resp);
+  }
+
+  proto::GetWorkersResponse Workers() {
+    proto::GetWorkersRequest req;
+    proto::GetWorkersResponse resp;
+    EXPECT_OK(d_->GetWorkers(req, &resp));
+    return resp;
+  }
+
+  static std::vector<int64_t> TaskIds(const proto::WorkerHeartbeatResponse& r) {
+    std::vector<int64_t> ids;
+    for (const auto& t : r.new_tasks()) ids.push_back(t.task_id());
+    return ids;
+  }
+  // As a set: a collected task the worker still reports may be listed twice
+  // (once from collection, once from reconciliation), which is harmless.
+  static std::set<int64_t> Deleted(const proto::WorkerHeartbeatResponse& r) {
+    return {r.tasks_to_delete().begin(), r.tasks_to_delete().end()};
+  }
+  static const proto::TaskInfo* FindTask(const proto::ClientHeartbeatResponse& r, int64_t id) {
+    for (const auto& t : r.tasks()) {
+      if (t.task_id() == id) return &t;
+    }
+    return nullptr;
+  }
+
+  std::atomic<int64_t> now_ms_{1'700'000'000'000};
+  std::unique_ptr<DispatcherImpl> d_;
+};
+
+// ---- processing modes ----------------------------------------------------------
+
+TEST(ProcessingModeTest, ParsesKnownNames) {
+  ASSERT_OK_AND_ASSIGN(auto pe, ParseProcessingMode("parallel_epochs"));
+  EXPECT_EQ(pe, proto::PARALLEL_EPOCHS);
+  ASSERT_OK_AND_ASSIGN(auto de, ParseProcessingMode("distributed_epoch"));
+  EXPECT_EQ(de, proto::DISTRIBUTED_EPOCH);
+  EXPECT_EQ(ProcessingModeName(proto::PARALLEL_EPOCHS), "parallel_epochs");
+  EXPECT_EQ(ProcessingModeName(proto::DISTRIBUTED_EPOCH), "distributed_epoch");
+  EXPECT_EQ(ProcessingModeName(proto::PROCESSING_MODE_UNSPECIFIED), "unspecified");
+}
+
+TEST(ProcessingModeTest, RejectsUnknownNames) {
+  EXPECT_STATUS(ParseProcessingMode("bogus"), absl::StatusCode::kInvalidArgument,
+                "unknown processing_mode 'bogus'");
+  EXPECT_STATUS(ParseProcessingMode("bogus"), absl::StatusCode::kInvalidArgument,
+                "expected parallel_epochs or distributed_epoch");
+  EXPECT_STATUS(ParseProcessingMode(""), absl::StatusCode::kInvalidArgument,
+                "unknown processing_mode ''");
+  // Names are exact: no case folding, no enum spellings.
+  EXPECT_STATUS(ParseProcessingMode("PARALLEL_EPOCHS"), absl::StatusCode::kInvalidArgument,
+                "unknown processing_mode");
+  EXPECT_STATUS(ParseProcessingMode("Parallel_Epochs"), absl::StatusCode::kInvalidArgument,
+                "unknown processing_mode");
+}
+
+TEST(StatusProtoTest, RoundTrips) {
+  absl::Status s = absl::DataLossError("bad record");
+  proto::StatusProto p = ToProto(s);
+  EXPECT_EQ(p.code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(p.message(), "bad record");
+  EXPECT_EQ(FromProto(p), s);
+  EXPECT_TRUE(FromProto(ToProto(absl::OkStatus())).ok());
+}
+
+// ---- datasets ------------------------------------------------------------------
+
+TEST_F(DispatcherImplTest, RegisterDatasetDeduplicatesIdenticalDefinitions) {
+  ASSERT_OK_AND_ASSIGN(std::string a, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(std::string b, RegisterRange(5));
+  EXPECT_EQ(a, b);
+  EXPECT_THAT(a, ::testing::StartsWith("ds-"));
+  ASSERT_OK_AND_ASSIGN(std::string c, RegisterRange(6));
+  ASSERT_OK_AND_ASSIGN(std::string e, Register(Dataset::Range(5).Map(x * x).def()));
+  ASSERT_OK_AND_ASSIGN(std::string e2, Register(Dataset::Range(5).Map(x * x).def()));
+  EXPECT_NE(a, c);
+  EXPECT_NE(a, e);
+  EXPECT_NE(c, e);
+  EXPECT_EQ(e, e2);
+}
+
+TEST_F(DispatcherImplTest, GetDatasetDefReturnsTheRegisteredDefinition) {
+  proto::DatasetDef def = Dataset::Range(5).Map(x + 1).def();
+  ASSERT_OK_AND_ASSIGN(std::string id, Register(def));
+  proto::GetDatasetDefRequest req;
+  req.set_dataset_id(id);
+  proto::GetDatasetDefResponse resp;
+  ASSERT_OK(d_->GetDatasetDef(req, &resp));
+  EXPECT_TRUE(MessageDifferencer::Equals(resp.dataset(), def));
+}
+
+TEST_F(DispatcherImplTest, GetDatasetDefOfUnknownIdIsNotFound) {
+  proto::GetDatasetDefRequest req;
+  req.set_dataset_id("ds-nope");
+  proto::GetDatasetDefResponse resp;
+  EXPECT_STATUS(d_->GetDatasetDef(req, &resp), absl::StatusCode::kNotFound,
+                "dataset 'ds-nope' is not registered");
+}
+
+TEST_F(DispatcherImplTest, RegisterDatasetRejectsEmptyOrUnsupportedDefinitions) {
+  // Entirely empty.
+  EXPECT_STATUS(Register(proto::DatasetDef()), absl::StatusCode::kInvalidArgument,
+                "empty or of an unsupported version");
+  // A real definition with an unsupported version.
+  proto::DatasetDef v2 = Dataset::Range(5).def();
+  v2.set_version(2);
+  EXPECT_STATUS(Register(v2), absl::StatusCode::kInvalidArgument,
+                "empty or of an unsupported version");
+  proto::DatasetDef v0 = Dataset::Range(5).def();
+  v0.set_version(0);
+  EXPECT_STATUS(Register(v0), absl::StatusCode::kInvalidArgument,
+                "empty or of an unsupported version");
+  // Version 1 without a root, and with a root whose op is unset.
+  proto::DatasetDef no_root;
+  no_root.set_version(1);
+  EXPECT_STATUS(Register(no_root), absl::StatusCode::kInvalidArgument,
+                "empty or of an unsupported version");
+  proto::DatasetDef empty_root;
+  empty_root.set_version(1);
+  empty_root.mutable_root();
+  EXPECT_STATUS(Register(empty_root), absl::StatusCode::kInvalidArgument,
+                "empty or of an unsupported version");
+}
+
+// ---- jobs ------------------------------------------------------------------------
+
+TEST_F(DispatcherImplTest, GetOrCreateJobValidatesItsRequest) {
+  EXPECT_STATUS(Job("ds-unknown"), absl::StatusCode::kNotFound,
+                "dataset 'ds-unknown' is not registered");
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  EXPECT_STATUS(Job(ds, "", proto::PROCESSING_MODE_UNSPECIFIED),
+                absl::StatusCode::kInvalidArgument, "processing_mode is unspecified");
+  EXPECT_STATUS(Job(ds, "", proto::DISTRIBUTED_EPOCH), absl::StatusCode::kUnimplemented,
+                "distributed_epoch");
+  EXPECT_EQ(d_->GetStats().jobs, 0);
+}
+
+TEST_F(DispatcherImplTest, NamedJobIsSharedAndAnonymousJobsAreNot) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t a, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(int64_t b, Job(ds, "train"));
+  EXPECT_EQ(a, b);
+  ASSERT_OK_AND_ASSIGN(int64_t other, Job(ds, "eval"));
+  EXPECT_NE(other, a);
+  ASSERT_OK_AND_ASSIGN(int64_t anon1, Job(ds));
+  ASSERT_OK_AND_ASSIGN(int64_t anon2, Job(ds));
+  EXPECT_NE(anon1, anon2);
+  EXPECT_NE(anon1, a);
+  EXPECT_NE(anon2, a);
+  EXPECT_EQ(d_->GetStats().jobs, 4);
+}
+
+TEST_F(DispatcherImplTest, NamedJobWithDifferentParametersIsRejected) {
+  ASSERT_OK_AND_ASSIGN(std::string ds5, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(std::string ds6, RegisterRange(6));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds5, "train"));
+
+  // A different dataset: the message names the job and both datasets.
+  auto s = Job(ds6, "train");
+  EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument, "job 'train' exists for dataset " + ds5);
+  EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument, "requested " + ds6);
+
+  // A different processing mode: the existing job's parameters win and the
+  // message names the difference (even though distributed_epoch itself is
+  // not available yet; a new job in that mode is Unimplemented).
+  EXPECT_STATUS(Job(ds5, "train", proto::DISTRIBUTED_EPOCH), absl::StatusCode::kInvalidArgument,
+                "job 'train' exists with processing_mode=parallel_epochs; requested "
+                "distributed_epoch");
+  EXPECT_STATUS(Job(ds5, "train", proto::PROCESSING_MODE_UNSPECIFIED),
+                absl::StatusCode::kInvalidArgument, "unspecified");
+
+  // The job is unchanged by the failed attempts.
+  ASSERT_OK_AND_ASSIGN(int64_t again, Job(ds5, "train"));
+  EXPECT_EQ(again, job);
+  EXPECT_EQ(d_->GetStats().jobs, 1);
+}
+
+// ---- iterations ---------------------------------------------------------------------
+
+TEST_F(DispatcherImplTest, GetOrCreateIterationSharesARepetition) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(auto a, Iteration(job, 0));
+  ASSERT_OK_AND_ASSIGN(auto b, Iteration(job, 0));
+  EXPECT_EQ(a.iteration_id(), b.iteration_id());
+  EXPECT_NE(a.iteration_client_id(), b.iteration_client_id());
+  ASSERT_OK_AND_ASSIGN(auto c, Iteration(job, 1));
+  EXPECT_NE(c.iteration_id(), a.iteration_id());
+  EXPECT_NE(c.iteration_client_id(), a.iteration_client_id());
+  EXPECT_NE(c.iteration_client_id(), b.iteration_client_id());
+  auto stats = d_->GetStats();
+  EXPECT_EQ(stats.iterations, 2);
+  EXPECT_EQ(stats.iteration_clients, 3);
+}
+
+TEST_F(DispatcherImplTest, GetOrCreateIterationValidatesItsRequest) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  EXPECT_STATUS(Iteration(job, -1), absl::StatusCode::kInvalidArgument,
+                "repetition must be >= 0");
+  EXPECT_STATUS(Iteration(job + 1000, 0), absl::StatusCode::kNotFound,
+                absl::StrCat("job ", job + 1000, " does not exist"));
+  EXPECT_EQ(d_->GetStats().iterations, 0);
+}
+
+// ---- workers and tasks ---------------------------------------------------------------
+
+TEST_F(DispatcherImplTest, WorkerHeartbeatRegistersTheWorker) {
+  EXPECT_STATUS(WorkerHb(""), absl::StatusCode::kInvalidArgument, "worker_address is empty");
+  EXPECT_EQ(d_->GetStats().workers, 0);
+
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  EXPECT_THAT(TaskIds(r1), IsEmpty());
+  EXPECT_THAT(Deleted(r1), IsEmpty());
+  ASSERT_OK(WorkerHb(kW2, {}, {}, "127.0.0.1:9002", "ucx").status());
+  // Heartbeating again does not register twice.
+  ASSERT_OK(WorkerHb(kW1).status());
+
+  auto workers = Workers();
+  ASSERT_EQ(workers.workers_size(), 2);
+  const auto& w1 = workers.workers(0).address() == kW1 ? workers.workers(0) : workers.workers(1);
+  const auto& w2 = workers.workers(0).address() == kW1 ? workers.workers(1) : workers.workers(0);
+  EXPECT_EQ(w1.address(), kW1);
+  EXPECT_EQ(w1.transfer_address(), kW1);  // defaults to the worker address
+  EXPECT_EQ(w1.transfer_protocol(), "grpc");
+  EXPECT_EQ(w1.num_tasks(), 0);
+  EXPECT_EQ(w2.address(), kW2);
+  EXPECT_EQ(w2.transfer_address(), "127.0.0.1:9002");
+  EXPECT_EQ(w2.transfer_protocol(), "ucx");
+  EXPECT_EQ(d_->GetStats().workers, 2);
+}
+
+TEST_F(DispatcherImplTest, NewIterationGetsATaskOnEveryWorkerDeliveredOnce) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  proto::DatasetDef def = Dataset::Range(5).def();
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(def));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  EXPECT_EQ(d_->GetStats().live_tasks, 2);
+
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  const proto::TaskDef& t1 = r1.new_tasks(0);
+  EXPECT_EQ(t1.iteration_id(), it.iteration_id());
+  EXPECT_EQ(t1.dataset_id(), ds);
+  EXPECT_TRUE(MessageDifferencer::Equals(t1.dataset(), def));
+  EXPECT_EQ(t1.processing_mode(), proto::PARALLEL_EPOCHS);
+  EXPECT_EQ(t1.worker_index(), 0);
+
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW2));
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  const proto::TaskDef& t2 = r2.new_tasks(0);
+  EXPECT_EQ(t2.iteration_id(), it.iteration_id());
+  EXPECT_EQ(t2.worker_index(), 1);
+  EXPECT_NE(t1.task_id(), t2.task_id());
+
+  // Delivered exactly once: later heartbeats (holding the task) get nothing new.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto again1, WorkerHb(kW1, {t1.task_id()}));
+    EXPECT_THAT(TaskIds(again1), IsEmpty());
+    EXPECT_THAT(Deleted(again1), IsEmpty());
+    ASSERT_OK_AND_ASSIGN(auto again2, WorkerHb(kW2, {t2.task_id()}));
+    EXPECT_THAT(TaskIds(again2), IsEmpty());
+  }
+  const auto all = Workers();
+  for (const auto& w : all.workers()) EXPECT_EQ(w.num_tasks(), 1) << w.address();
+
+  // The client sees both tasks with their workers' addresses.
+  ASSERT_OK_AND_ASSIGN(auto hb, ClientHb(it.iteration_client_id()));
+  ASSERT_EQ(hb.tasks_size(), 2);
+  const proto::TaskInfo* i1 = FindTask(hb, t1.task_id());
+  const proto::TaskInfo* i2 = FindTask(hb, t2.task_id());
+  ASSERT_NE(i1, nullptr);
+  ASSERT_NE(i2, nullptr);
+  EXPECT_EQ(i1->worker_address(), kW1);
+  EXPECT_EQ(i1->transfer_address(), kW1);
+  EXPECT_EQ(i1->transfer_protocol(), "grpc");
+  EXPECT_FALSE(i1->lost());
+  EXPECT_EQ(i2->worker_address(), kW2);
+  EXPECT_FALSE(hb.iteration_finished());
+  EXPECT_FALSE(hb.has_error());
+}
+
+TEST_F(DispatcherImplTest, ClientHeartbeatReportsTransferAddresses) {
+  ASSERT_OK(WorkerHb(kW1, {}, {}, "10.0.0.1:5000", "ucx").status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto hb, ClientHb(it.iteration_client_id()));
+  ASSERT_EQ(hb.tasks_size(), 1);
+  EXPECT_EQ(hb.tasks(0).worker_address(), kW1);
+  EXPECT_EQ(hb.tasks(0).transfer_address(), "10.0.0.1:5000");
+  EXPECT_EQ(hb.tasks(0).transfer_protocol(), "ucx");
+}
+
+TEST_F(DispatcherImplTest, WorkerJoiningMidJobGetsTasksForRunningIterationsOnly) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(auto finished_it, Iteration(job, 0));
+  ASSERT_OK_AND_ASSIGN(auto running_it, Iteration(job, 1));
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  ASSERT_EQ(r1.new_tasks_size(), 2);
+  int64_t finished_task = 0;
+  for (const auto& t : r1.new_tasks()) {
+    if (t.iteration_id() == finished_it.iteration_id()) finished_task = t.task_id();
+  }
+  ASSERT_NE(finished_task, 0);
+  ASSERT_OK(Complete(kW1, finished_task));
+  ASSERT_OK_AND_ASSIGN(auto fhb, ClientHb(finished_it.iteration_client_id()));
+  ASSERT_TRUE(fhb.iteration_finished());
+
+  ASSERT_OK_AND_ASSIGN(auto before, ClientHb(running_it.iteration_client_id()));
+  ASSERT_EQ(before.tasks_size(), 1);
+
+  // A worker that registers now gets a task for the running iteration only.
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW2));
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  EXPECT_EQ(r2.new_tasks(0).iteration_id(), running_it.iteration_id());
+  EXPECT_EQ(r2.new_tasks(0).worker_index(), 1);
+
+  ASSERT_OK_AND_ASSIGN(auto after, ClientHb(running_it.iteration_client_id()));
+  ASSERT_EQ(after.tasks_size(), 2);
+  const proto::TaskInfo* joined = FindTask(after, r2.new_tasks(0).task_id());
+  ASSERT_NE(joined, nullptr);
+  EXPECT_EQ(joined->worker_address(), kW2);
+  EXPECT_GT(after.version(), before.version());
+
+  // The finished iteration did not grow a task.
+  ASSERT_OK_AND_ASSIGN(auto fhb2, ClientHb(finished_it.iteration_client_id()));
+  EXPECT_EQ(fhb2.tasks_size(), 1);
+  EXPECT_TRUE(fhb2.iteration_finished());
+}
+
+TEST_F(DispatcherImplTest, IterationCreatedBeforeAnyWorkerWaitsForOne) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto hb0, ClientHb(it.iteration_client_id()));
+  EXPECT_EQ(hb0.tasks_size(), 0);
+  EXPECT_FALSE(hb0.iteration_finished());  // no tasks is not "all tasks done"
+  d_->Tick();
+  ASSERT_OK_AND_ASSIGN(auto r, WorkerHb(kW1));
+  ASSERT_EQ(r.new_tasks_size(), 1);
+  EXPECT_EQ(r.new_tasks(0).iteration_id(), it.iteration_id());
+  ASSERT_OK_AND_ASSIGN(auto hb1, ClientHb(it.iteration_client_id()));
+  EXPECT_EQ(hb1.tasks_size(), 1);
+  EXPECT_GT(hb1.version(), hb0.version());
+}
+
+TEST_F(DispatcherImplTest, IterationFinishesWhenEveryTaskCompleted) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW2));
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  const int64_t t1 = r1.new_tasks(0).task_id();
+  const int64_t t2 = r2.new_tasks(0).task_id();
+
+  ASSERT_OK_AND_ASSIGN(auto hb0, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb0.iteration_finished());
+
+  // A worker cannot finish another worker's task through its heartbeat.
+  ASSERT_OK(WorkerHb(kW2, {t2}, {t1}).status());
+  ASSERT_OK_AND_ASSIGN(auto hb_ignored, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb_ignored.iteration_finished());
+  EXPECT_EQ(hb_ignored.version(), hb0.version());
+
+  // Completion through WorkerUpdate.
+  ASSERT_OK(Complete(kW1, t1));
+  ASSERT_OK_AND_ASSIGN(auto hb1, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb1.iteration_finished());
+  EXPECT_GT(hb1.version(), hb0.version());
+  // Repeating a completion changes nothing.
+  ASSERT_OK(Complete(kW1, t1));
+  ASSERT_OK(WorkerHb(kW1, {t1}, {t1}).status());
+  ASSERT_OK_AND_ASSIGN(auto hb1b, ClientHb(it.iteration_client_id()));
+  EXPECT_EQ(hb1b.version(), hb1.version());
+  EXPECT_FALSE(hb1b.iteration_finished());
+
+  // Completion through finished_tasks in a heartbeat.
+  ASSERT_OK(WorkerHb(kW2, {t2}, {t2}).status());
+  ASSERT_OK_AND_ASSIGN(auto hb2, ClientHb(it.iteration_client_id()));
+  EXPECT_TRUE(hb2.iteration_finished());
+  EXPECT_GT(hb2.version(), hb1.version());
+  EXPECT_FALSE(hb2.has_error());
+  for (const auto& t : hb2.tasks()) EXPECT_FALSE(t.lost());
+  // Unknown task ids in updates are ignored.
+  ASSERT_OK(Complete(kW1, 987654));
+}
+
+TEST_F(DispatcherImplTest, WorkerErrorFailsTheIteration) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW2));
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  const int64_t t1 = r1.new_tasks(0).task_id();
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  const int64_t t2 = r2.new_tasks(0).task_id();
+  ASSERT_OK_AND_ASSIGN(auto hb0, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb0.has_error());
+
+  ASSERT_OK(Fail(kW1, t1, absl::InvalidArgumentError("the dataset does not validate")));
+  ASSERT_OK_AND_ASSIGN(auto hb1, ClientHb(it.iteration_client_id()));
+  ASSERT_TRUE(hb1.has_error());
+  EXPECT_EQ(hb1.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(hb1.error().message(), HasSubstr("the dataset does not validate"));
+  EXPECT_GT(hb1.version(), hb0.version());
+  EXPECT_FALSE(hb1.iteration_finished());
+
+  // The first error sticks.
+  ASSERT_OK(Fail(kW2, t2, absl::InternalError("second")));
+  ASSERT_OK_AND_ASSIGN(auto hb2, ClientHb(it.iteration_client_id()));
+  EXPECT_EQ(hb2.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_TRUE(hb2.iteration_finished());
+}
+
+TEST_F(DispatcherImplTest, TimedOutWorkerLosesItsTasks) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW2));
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  const int64_t t1 = r1.new_tasks(0).task_id();
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  const int64_t t2 = r2.new_tasks(0).task_id();
+  ASSERT_OK(Complete(kW2, t2));
+
+  // Within the timeout nothing happens; kW2 keeps heartbeating, kW1 goes silent.
+  Advance(absl::Milliseconds(6000));
+  ASSERT_OK(WorkerHb(kW2, {t2}).status());
+  ASSERT_OK(ClientHb(it.iteration_client_id()).status());
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().workers, 2);
+  ASSERT_OK_AND_ASSIGN(auto hb0, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb0.iteration_finished());
+
+  Advance(absl::Milliseconds(6000));  // kW1: 12 s silent; kW2: 6 s
+  d_->Tick();
+  auto stats = d_->GetStats();
+  EXPECT_EQ(stats.workers, 1);
+  EXPECT_EQ(stats.lost_workers, 1);
+  auto workers = Workers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).address(), kW2);
+
+  ASSERT_OK_AND_ASSIGN(auto hb1, ClientHb(it.iteration_client_id()));
+  const proto::TaskInfo* lost = FindTask(hb1, t1);
+  const proto::TaskInfo* done = FindTask(hb1, t2);
+  ASSERT_NE(lost, nullptr);
+  ASSERT_NE(done, nullptr);
+  EXPECT_TRUE(lost->lost());
+  EXPECT_EQ(lost->worker_address(), kW1);
+  EXPECT_FALSE(done->lost());
+  EXPECT_TRUE(hb1.iteration_finished());  // completed + lost = every task accounted for
+  EXPECT_FALSE(hb1.has_error());
+  EXPECT_GT(hb1.version(), hb0.version());
+}
+
+TEST_F(DispatcherImplTest, TimedOutWorkerThatComesBackRegistersAfresh) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(auto first, Iteration(job, 0));
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  const int64_t t1 = r1.new_tasks(0).task_id();
+  Advance(absl::Milliseconds(10001));
+  ASSERT_OK(ClientHb(first.iteration_client_id()).status());
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().workers, 0);
+  ASSERT_OK_AND_ASSIGN(auto hb, ClientHb(first.iteration_client_id()));
+  EXPECT_TRUE(hb.iteration_finished());  // its only task was lost
+
+  // A new iteration starts; the worker then heartbeats again still holding
+  // its old task: it is told to delete it and gets the new iteration's task.
+  ASSERT_OK_AND_ASSIGN(auto second, Iteration(job, 1));
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW1, {t1}));
+  EXPECT_THAT(Deleted(r2), UnorderedElementsAre(t1));
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  EXPECT_EQ(r2.new_tasks(0).iteration_id(), second.iteration_id());
+  EXPECT_EQ(d_->GetStats().workers, 1);
+}
+
+TEST_F(DispatcherImplTest, RestartedWorkerThatDropsADeliveredTaskLosesIt) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+
+  // A task not yet delivered is not lost by a heartbeat that lacks it (the
+  // same heartbeat delivers it).
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1, {}));
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  const int64_t t1 = r1.new_tasks(0).task_id();
+  ASSERT_OK_AND_ASSIGN(auto hb0, ClientHb(it.iteration_client_id()));
+  ASSERT_EQ(hb0.tasks_size(), 1);
+  EXPECT_FALSE(hb0.tasks(0).lost());
+
+  ASSERT_OK(WorkerHb(kW1, {t1}).status());
+  ASSERT_OK_AND_ASSIGN(auto hb1, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb1.tasks(0).lost());
+  EXPECT_EQ(hb1.version(), hb0.version());
+
+  // The worker restarts on the same address and no longer reports the task.
+  ASSERT_OK(WorkerHb(kW1, {}).status());
+  ASSERT_OK_AND_ASSIGN(auto hb2, ClientHb(it.iteration_client_id()));
+  ASSERT_EQ(hb2.tasks_size(), 1);
+  EXPECT_TRUE(hb2.tasks(0).lost());
+  EXPECT_TRUE(hb2.iteration_finished());
+  EXPECT_GT(hb2.version(), hb1.version());
+  EXPECT_EQ(d_->GetStats().workers, 1);  // still the same, registered worker
+}
+
+TEST_F(DispatcherImplTest, UnknownTasksReportedByAWorkerAreDeleted) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(auto r, WorkerHb(kW1, {424242, 434343}));
+  EXPECT_THAT(Deleted(r), UnorderedElementsAre(424242, 434343));
+  EXPECT_THAT(TaskIds(r), IsEmpty());
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW1, {}));
+  EXPECT_THAT(Deleted(r2), IsEmpty());
+
+  // Also for a worker's very first heartbeat (a worker that outlived a
+  // dispatcher restart).
+  ASSERT_OK_AND_ASSIGN(auto r3, WorkerHb(kW2, {777}));
+  EXPECT_THAT(Deleted(r3), UnorderedElementsAre(777));
+
+  // A known task held by another worker is deleted there too.
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK(Iteration(job).status());
+  ASSERT_OK_AND_ASSIGN(auto r4, WorkerHb(kW1));
+  ASSERT_EQ(r4.new_tasks_size(), 1);
+  const int64_t t1 = r4.new_tasks(0).task_id();
+  ASSERT_OK_AND_ASSIGN(auto r5, WorkerHb(kW2, {t1}));
+  EXPECT_THAT(Deleted(r5), ::testing::Contains(t1));
+}
+
+// ---- clients -----------------------------------------------------------------------
+
+TEST_F(DispatcherImplTest, ClientTimeoutReleasesTheClient) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(auto quiet, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto chatty, Iteration(job));
+  EXPECT_EQ(d_->GetStats().iteration_clients, 2);
+
+  Advance(absl::Milliseconds(20000));
+  ASSERT_OK(ClientHb(chatty.iteration_client_id()).status());
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().iteration_clients, 2);
+
+  Advance(absl::Milliseconds(20000));  // quiet: 40 s silent; chatty: 20 s
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().iteration_clients, 1);
+  EXPECT_STATUS(ClientHb(quiet.iteration_client_id()), absl::StatusCode::kNotFound,
+                "released or timed out");
+  EXPECT_STATUS(Release(quiet.iteration_client_id()), absl::StatusCode::kNotFound,
+                "released or timed out");
+  ASSERT_OK(ClientHb(chatty.iteration_client_id()).status());
+}
+
+TEST_F(DispatcherImplTest, ReleaseIterationClient) {
+  EXPECT_STATUS(Release(12345), absl::StatusCode::kNotFound, "iteration client 12345 is unknown");
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK(Release(it.iteration_client_id()));
+  EXPECT_EQ(d_->GetStats().iteration_clients, 0);
+  EXPECT_STATUS(Release(it.iteration_client_id()), absl::StatusCode::kNotFound, "unknown");
+  EXPECT_STATUS(ClientHb(it.iteration_client_id()), absl::StatusCode::kNotFound,
+                "released or timed out");
+}
+
+// ---- garbage collection ----------------------------------------------------------------
+
+TEST_F(DispatcherImplTest, AnonymousIterationIsCollectedWhenItsLastClientLeaves) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto a, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto b, Iteration(job));  // a second client of the same iteration
+  ASSERT_EQ(a.iteration_id(), b.iteration_id());
+  ASSERT_OK_AND_ASSIGN(auto r, WorkerHb(kW1));
+  ASSERT_EQ(r.new_tasks_size(), 1);
+  const int64_t t = r.new_tasks(0).task_id();
+  EXPECT_EQ(d_->GetStats().live_tasks, 1);
+
+  ASSERT_OK(Release(a.iteration_client_id()));
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().live_tasks, 1);  // b still reads it
+  EXPECT_EQ(d_->GetStats().collected_iterations, 0);
+  ASSERT_OK_AND_ASSIGN(auto still, WorkerHb(kW1, {t}));
+  EXPECT_THAT(Deleted(still), IsEmpty());
+
+  ASSERT_OK(Release(b.iteration_client_id()));
+  d_->Tick();  // no time passes: anonymous iterations go at once
+  auto stats = d_->GetStats();
+  EXPECT_EQ(stats.live_tasks, 0);
+  EXPECT_EQ(stats.collected_iterations, 1);
+  EXPECT_EQ(Workers().workers(0).num_tasks(), 0);
+
+  // The worker is told to delete the task, once.
+  ASSERT_OK_AND_ASSIGN(auto del, WorkerHb(kW1, {t}));
+  EXPECT_THAT(Deleted(del), UnorderedElementsAre(t));
+  ASSERT_OK_AND_ASSIGN(auto after, WorkerHb(kW1, {}));
+  EXPECT_THAT(Deleted(after), IsEmpty());
+  EXPECT_THAT(TaskIds(after), IsEmpty());
+
+  // The anonymous job is forgotten.
+  EXPECT_STATUS(Iteration(job), absl::StatusCode::kNotFound, "does not exist");
+}
+
+// GetOrCreateIteration accepts several repetitions of one anonymous job
+// (direct RPC users can do this; the client library uses one per iterator):
+// collecting one of them must leave the others, and the job, intact.
+TEST_F(DispatcherImplTest, AnonymousJobWithTwoRepetitionsCollectsEachOnItsOwn) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto rep0, Iteration(job, 0));
+  ASSERT_OK_AND_ASSIGN(auto rep1, Iteration(job, 1));
+  ASSERT_NE(rep0.iteration_id(), rep1.iteration_id());
+  ASSERT_OK_AND_ASSIGN(auto r, WorkerHb(kW1));
+  ASSERT_EQ(r.new_tasks_size(), 2);
+  std::vector<int64_t> held = TaskIds(r);
+  int64_t t1 = 0;
+  for (const auto& t : r.new_tasks()) {
+    if (t.iteration_id() == rep1.iteration_id()) t1 = t.task_id();
+  }
+
+  ASSERT_OK(Release(rep0.iteration_client_id()));
+  d_->Tick();
+  // Repetition 1 still has its client: it must stay readable.
+  auto hb = ClientHb(rep1.iteration_client_id());
+  EXPECT_TRUE(hb.ok()) << hb.status();
+  if (hb.ok()) {
+    ASSERT_EQ(hb->tasks_size(), 1);
+    EXPECT_EQ(hb->tasks(0).task_id(), t1);
+    EXPECT_FALSE(hb->iteration_finished());
+  }
+  EXPECT_EQ(d_->GetStats().live_tasks, 1);
+
+  // Once its client leaves too, everything is collected and deleted.
+  ASSERT_OK(Release(rep1.iteration_client_id()));
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().live_tasks, 0);
+  ASSERT_OK_AND_ASSIGN(auto del, WorkerHb(kW1, held));
+  EXPECT_EQ(Deleted(del), std::set<int64_t>(held.begin(), held.end()));
+  EXPECT_EQ(Workers().workers(0).num_tasks(), 0);
+}
+
+TEST_F(DispatcherImplTest, NamedUnfinishedIterationIsCollectedAfterTheGcTimeout) {
+  DispatcherConfig c = TestConfig();
+  c.job_gc_timeout_ms = 5000;
+  c.worker_timeout_ms = 60000;
+  c.client_timeout_ms = 60000;
+  Reset(c);
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(auto first, Iteration(job, 0));
+  ASSERT_OK_AND_ASSIGN(auto r, WorkerHb(kW1));
+  ASSERT_EQ(r.new_tasks_size(), 1);
+  const int64_t t = r.new_tasks(0).task_id();
+
+  ASSERT_OK(Release(first.iteration_client_id()));
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().live_tasks, 1);  // a named iteration waits for newcomers
+
+  // A newcomer within the timeout rejoins the same iteration; when it leaves
+  // the idle clock restarts.
+  Advance(absl::Milliseconds(4000));
+  d_->Tick();
+  ASSERT_OK_AND_ASSIGN(auto second, Iteration(job, 0));
+  EXPECT_EQ(second.iteration_id(), first.iteration_id());
+  ASSERT_OK(Release(second.iteration_client_id()));
+  Advance(absl::Milliseconds(4000));  // 8 s since the first left, 4 s idle
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().live_tasks, 1);
+  EXPECT_EQ(d_->GetStats().collected_iterations, 0);
+
+  Advance(absl::Milliseconds(1001 + 100));  // > 5 s idle
+  d_->Tick();
+  auto stats = d_->GetStats();
+  EXPECT_EQ(stats.live_tasks, 0);
+  EXPECT_EQ(stats.collected_iterations, 1);
+  ASSERT_OK_AND_ASSIGN(auto del, WorkerHb(kW1, {t}));
+  EXPECT_THAT(Deleted(del), UnorderedElementsAre(t));
+
+  // A newcomer to the collected, unfinished iteration is refused clearly...
+  EXPECT_STATUS(Iteration(job, 0), absl::StatusCode::kFailedPrecondition, "garbage-collected");
+  EXPECT_STATUS(Iteration(job, 0), absl::StatusCode::kFailedPrecondition, "'train'");
+  // ...while the next repetition starts normally.
+  ASSERT_OK_AND_ASSIGN(auto next, Iteration(job, 1));
+  EXPECT_NE(next.iteration_id(), first.iteration_id());
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW1));
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  EXPECT_EQ(r2.new_tasks(0).iteration_id(), next.iteration_id());
+}
+
+TEST_F(DispatcherImplTest, NewcomerToAFinishedNamedIterationSeesItFinished) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK_AND_ASSIGN(auto first, Iteration(job, 0));
+  ASSERT_OK_AND_ASSIGN(auto r, WorkerHb(kW1));
+  ASSERT_EQ(r.new_tasks_size(), 1);
+  const int64_t t = r.new_tasks(0).task_id();
+  ASSERT_OK(Complete(kW1, t));
+
+  // While the first client is still there.
+  ASSERT_OK_AND_ASSIGN(auto early, Iteration(job, 0));
+  EXPECT_EQ(early.iteration_id(), first.iteration_id());
+  ASSERT_OK_AND_ASSIGN(auto ehb, ClientHb(early.iteration_client_id()));
+  EXPECT_TRUE(ehb.iteration_finished());
+  ASSERT_OK(Release(early.iteration_client_id()));
+  ASSERT_OK(Release(first.iteration_client_id()));
+
+  // A finished iteration is collected as soon as its last client leaves...
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().live_tasks, 0);
+  EXPECT_EQ(d_->GetStats().collected_iterations, 1);
+  ASSERT_OK_AND_ASSIGN(auto del, WorkerHb(kW1, {t}));
+  EXPECT_THAT(Deleted(del), UnorderedElementsAre(t));
+
+  // ...and a newcomer learns at once that it is over.
+  ASSERT_OK_AND_ASSIGN(auto late, Iteration(job, 0));
+  EXPECT_EQ(late.iteration_id(), first.iteration_id());
+  ASSERT_OK_AND_ASSIGN(auto lhb, ClientHb(late.iteration_client_id()));
+  EXPECT_TRUE(lhb.iteration_finished());
+  EXPECT_EQ(lhb.tasks_size(), 0);
+  EXPECT_FALSE(lhb.has_error());
+  ASSERT_OK(Release(late.iteration_client_id()));
+  d_->Tick();  // collecting again is harmless
+  EXPECT_EQ(d_->GetStats().collected_iterations, 1);
+}
+
+// ---- versions and long polls ---------------------------------------------------------
+
+TEST_F(DispatcherImplTest, VersionIncreasesOnEveryVisibleChange) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  const int64_t c = it.iteration_client_id();
+  std::vector<int64_t> versions;
+  auto record = [&]() {
+    auto hb = ClientHb(c);
+    ASSERT_TRUE(hb.ok()) << hb.status();
+    versions.push_back(hb->version());
+  };
+  record();
+  // Registering mid-iteration creates a task (and the same reply delivers it).
+  ASSERT_OK_AND_ASSIGN(auto r1, WorkerHb(kW1));
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  record();
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW2));
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  record();
+  ASSERT_EQ(r1.new_tasks_size(), 1);
+  const int64_t t1 = r1.new_tasks(0).task_id();
+  const int64_t t2 = r2.new_tasks(0).task_id();
+  ASSERT_OK(WorkerHb(kW1, {t1}).status());
+  ASSERT_OK(WorkerHb(kW2, {t2}).status());
+  record();  // plain heartbeats change nothing clients can see
+  ASSERT_OK(Fail(kW1, t1, absl::InternalError("boom")));
+  record();
+  ASSERT_OK(Complete(kW2, t2));
+  record();
+  ASSERT_EQ(versions.size(), 6u);
+  EXPECT_LT(versions[0], versions[1]);
+  EXPECT_LT(versions[1], versions[2]);
+  EXPECT_EQ(versions[2], versions[3]);
+  EXPECT_LT(versions[3], versions[4]);
+  EXPECT_LT(versions[4], versions[5]);
+}
+
+TEST_F(DispatcherImplTest, LongPollsReturnEarlyOnChange) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+
+  // A worker's long poll returns when a new iteration gives it a task.
+  {
+    proto::WorkerHeartbeatResponse resp;
+    absl::Status status;
+    absl::Notification returned;
+    std::thread poller([&] {
+      proto::WorkerHeartbeatRequest req;
+      req.set_worker_address(kW1);
+      req.set_wait_ms(600000);
+      status = d_->WorkerHeartbeat(req, &resp);
+      returned.Notify();
+    });
+    ASSERT_OK(Iteration(job).status());
+    const bool ok = returned.WaitForNotificationWithTimeout(absl::Seconds(120));
+    if (!ok) d_->Shutdown();  // unblock the poller so the test can report
+    poller.join();
+    ASSERT_TRUE(ok) << "the worker's long poll did not return after a change";
+    ASSERT_OK(status);
+    EXPECT_EQ(resp.new_tasks_size(), 1);
+  }
+
+  // A client's long poll returns when the iteration changes.
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));  // same anonymous job: same iteration
+  ASSERT_OK_AND_ASSIGN(auto hb0, ClientHb(it.iteration_client_id()));
+  ASSERT_EQ(hb0.tasks_size(), 1);
+  {
+    proto::ClientHeartbeatResponse resp;
+    absl::Status status;
+    absl::Notification returned;
+    std::thread poller([&] {
+      proto::ClientHeartbeatRequest req;
+      req.set_iteration_client_id(it.iteration_client_id());
+      req.set_known_version(hb0.version());
+      req.set_wait_ms(600000);
+      status = d_->ClientHeartbeat(req, &resp);
+      returned.Notify();
+    });
+    ASSERT_OK(Complete(kW1, hb0.tasks(0).task_id()));
+    const bool ok = returned.WaitForNotificationWithTimeout(absl::Seconds(120));
+    if (!ok) d_->Shutdown();
+    poller.join();
+    ASSERT_TRUE(ok) << "the client's long poll did not return after a change";
+    ASSERT_OK(status);
+    EXPECT_GT(resp.version(), hb0.version());
+    EXPECT_TRUE(resp.iteration_finished());
+  }
+
+  // After Shutdown, long polls return at once.
+  d_->Shutdown();
+  ASSERT_OK_AND_ASSIGN(auto hb1, ClientHb(it.iteration_client_id()));
+  proto::ClientHeartbeatRequest req;
+  req.set_iteration_client_id(it.iteration_client_id());
+  req.set_known_version(hb1.version());
+  req.set_wait_ms(600000);
+  proto::ClientHeartbeatResponse resp;
+  ASSERT_OK(d_->ClientHeartbeat(req, &resp));
+  proto::WorkerHeartbeatRequest wreq;
+  wreq.set_worker_address(kW1);
+  wreq.set_wait_ms(600000);
+  proto::WorkerHeartbeatResponse wresp;
+  ASSERT_OK(d_->WorkerHeartbeat(wreq, &wresp));
+}
+
+// A worker whose heartbeat is held in a long poll is connected, so Tick()
+// must not expire it then (and must never free its entry under the waiting
+// poll: the ASan build checks that). Once the poll has returned, silence past
+// worker_timeout_ms expires it as usual. Deterministic: the fake clock tells
+// the test when the poll holds the mutex, so Tick() runs only once the poll
+// is waiting; the short wait_ms (200) bounds the poll.
+TEST(DispatcherImplLongPollTest, WorkerInALongPollIsNotExpired) {
+  std::atomic<int64_t> now_ms{1'700'000'000'000};
+  absl::Notification poll_started;
+  static thread_local bool is_poller = false;
+  DispatcherConfig config = TestConfig();
+  config.worker_timeout_ms = 1000;
+  DispatcherImpl d(config, [&] {
+    const absl::Time t = absl::FromUnixMillis(now_ms.load());  // read before notifying
+    if (is_poller && !poll_started.HasBeenNotified()) poll_started.Notify();
+    return t;
+  });
+  proto::WorkerHeartbeatRequest reg;
+  reg.set_worker_address(kW1);
+  proto::WorkerHeartbeatResponse reg_resp;
+  ASSERT_OK(d.WorkerHeartbeat(reg, &reg_resp));
+
+  absl::Status status;
+  proto::WorkerHeartbeatResponse resp;
+  std::thread poller([&] {
+    is_poller = true;
+    proto::WorkerHeartbeatRequest req;
+    req.set_worker_address(kW1);
+    req.set_wait_ms(200);
+    status = d.WorkerHeartbeat(req, &resp);
+  });
+  // The poll read the clock under the mutex; it releases the mutex only by
+  // waiting, so Tick below runs while it waits.
+  const bool started = poll_started.WaitForNotificationWithTimeout(absl::Seconds(60));
+  if (started) {
+    now_ms += 5000;
+    d.Tick();  // kW1 is inside a long poll: still alive
+    EXPECT_EQ(d.GetStats().workers, 1);
+    EXPECT_EQ(d.GetStats().lost_workers, 0);
+  }
+  poller.join();
+  ASSERT_TRUE(started);
+  ASSERT_OK(status);
+  EXPECT_EQ(resp.new_tasks_size(), 0);
+  EXPECT_EQ(resp.tasks_to_delete_size(), 0);
+  // Silent after its poll returned: expired.
+  now_ms += 5000;
+  d.Tick();
+  EXPECT_EQ(d.GetStats().workers, 0);
+  EXPECT_EQ(d.GetStats().lost_workers, 1);
+}
+
+// ---- introspection ------------------------------------------------------------------
+
+TEST_F(DispatcherImplTest, GetWorkersCountsTasks) {
+  EXPECT_EQ(Workers().workers_size(), 0);
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "train"));
+  ASSERT_OK(Iteration(job, 0).status());
+  ASSERT_OK(Iteration(job, 1).status());
+  auto workers = Workers();
+  ASSERT_EQ(workers.workers_size(), 2);
+  std::set<std::string> addrs;
+  for (const auto& w : workers.workers()) {
+    addrs.insert(w.address());
+    EXPECT_EQ(w.num_tasks(), 2) << w.address();
+  }
+  EXPECT_EQ(addrs, (std::set<std::string>{kW1, kW2}));
+  ASSERT_OK(WorkerHb(kW3).status());
+  EXPECT_EQ(Workers().workers_size(), 3);
+  EXPECT_EQ(d_->GetStats().live_tasks, 6);
+}
+
+TEST_F(DispatcherImplTest, GetDataServiceMetadata) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  proto::GetDataServiceMetadataRequest req;
+  req.set_dataset_id(ds);
+  proto::GetDataServiceMetadataResponse resp;
+  ASSERT_OK(d_->GetDataServiceMetadata(req, &resp));
+  EXPECT_EQ(resp.cardinality(), 5);
+  EXPECT_NE(resp.fingerprint(), 0u);
+  EXPECT_FALSE(resp.element_spec().empty());
+  EXPECT_NE(resp.element_spec(), "(unknown)");
+
+  ASSERT_OK_AND_ASSIGN(std::string ds2, Register(Dataset::Range(10).Take(3).def()));
+  proto::GetDataServiceMetadataRequest req2;
+  req2.set_dataset_id(ds2);
+  proto::GetDataServiceMetadataResponse resp2;
+  ASSERT_OK(d_->GetDataServiceMetadata(req2, &resp2));
+  EXPECT_EQ(resp2.cardinality(), 3);
+  EXPECT_NE(resp2.fingerprint(), resp.fingerprint());
+
+  proto::GetDataServiceMetadataRequest bad;
+  bad.set_dataset_id("ds-missing");
+  proto::GetDataServiceMetadataResponse bad_resp;
+  EXPECT_STATUS(d_->GetDataServiceMetadata(bad, &bad_resp), absl::StatusCode::kNotFound,
+                "dataset 'ds-missing' is not registered");
+}
+
+TEST_F(DispatcherImplTest, GetDataServiceConfigReflectsTheConfig) {
+  DispatcherConfig c;
+  c.worker_timeout_ms = 1234;
+  c.client_timeout_ms = 5678;
+  c.job_gc_timeout_ms = 91011;
+  Reset(c);
+  proto::GetDataServiceConfigRequest req;
+  proto::GetDataServiceConfigResponse resp;
+  ASSERT_OK(d_->GetDataServiceConfig(req, &resp));
+  EXPECT_EQ(resp.worker_timeout_ms(), 1234);
+  EXPECT_EQ(resp.client_timeout_ms(), 5678);
+  EXPECT_EQ(resp.job_gc_timeout_ms(), 91011);
+  EXPECT_FALSE(resp.fault_tolerant_mode());
+}
+
+}  // namespace
+}  // namespace sluice::internal

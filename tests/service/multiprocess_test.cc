@@ -1,0 +1,490 @@
+// Integration tests with real processes: the sluice-dispatcher and
+// sluice-worker binaries (SLUICE_DISPATCHER_BIN / SLUICE_WORKER_BIN) on
+// loopback, ports chosen at run time, and the data-service client in this
+// process.
+//
+// Every child is owned by a ChildProcess guard that SIGKILLs and reaps it in
+// its destructor, so no process outlives a test even when an assertion fails;
+// children also get PR_SET_PDEATHSIG so they die if this process crashes.
+// Timeouts here are hang guards only, never performance thresholds.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "sluice/client/distribute.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/expr.h"
+#include "tests/test_util.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using sluice::expr::x;
+
+constexpr absl::Duration kStartDeadline = absl::Seconds(20);  // port files must appear by then
+constexpr absl::Duration kExitDeadline = absl::Seconds(20);   // a process asked to exit must
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A per-test scratch directory under ::testing::TempDir(), removed at the end.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = ::testing::TempDir();
+    if (tmpl.empty() || tmpl.back() != '/') tmpl += '/';
+    tmpl += "sluice_mp_XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (mkdtemp(buf.data()) != nullptr) path_ = buf.data();
+  }
+  ~ScratchDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  bool ok() const { return !path_.empty(); }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// One child process: started with fork/execv, stdout+stderr to `log_path`.
+// The destructor SIGKILLs and reaps it if it is still unreaped.
+class ChildProcess {
+ public:
+  ChildProcess(std::string name, std::string log_path)
+      : name_(std::move(name)), log_path_(std::move(log_path)) {}
+  ~ChildProcess() { KillAndReap(); }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // Starts `path args...`. Everything the child needs is prepared before fork
+  // so the child calls only async-signal-safe functions until execv.
+  absl::Status Start(const std::string& path, const std::vector<std::string>& args) {
+    std::vector<std::string> argv_s = {path};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    command_ = absl::StrJoin(argv_s, " ");
+    const pid_t parent = getpid();
+    const char* log = log_path_.c_str();
+    absl::MutexLock l(&mu_);
+    pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork failed: ", strerror(errno)));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      // Undo any signal mask inherited from this (multi-threaded) process.
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+      }
+      int devnull = open("/dev/null", O_RDONLY);
+      if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    pid_ = pid;
+    return absl::OkStatus();
+  }
+
+  // SIGKILLs the child (if running) and reaps it. Idempotent.
+  void KillAndReap() {
+    absl::MutexLock l(&mu_);
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    exit_status_ = status;
+    pid_ = -1;
+  }
+
+  // Sends `sig` without reaping (safe from any thread: never signals a
+  // reaped, possibly reused pid).
+  void Signal(int sig) {
+    absl::MutexLock l(&mu_);
+    if (pid_ > 0) kill(pid_, sig);
+  }
+
+  // Reaps the child if it has exited; returns its wait status then.
+  std::optional<int> TryReap() {
+    absl::MutexLock l(&mu_);
+    if (pid_ <= 0) return exit_status_;
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_status_ = status;
+      pid_ = -1;
+    }
+    return exit_status_;
+  }
+
+  // Waits (bounded) for the child to exit on its own; nullopt if it did not.
+  std::optional<int> WaitForExit(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (auto s = TryReap()) return s;
+      if (absl::Now() > deadline) return std::nullopt;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
+  const std::string& name() const { return name_; }
+  const std::string& command() const { return command_; }
+  std::string log() const { return ReadFile(log_path_); }
+
+ private:
+  const std::string name_;
+  const std::string log_path_;
+  std::string command_;
+  absl::Mutex mu_;
+  pid_t pid_ ABSL_GUARDED_BY(mu_) = -1;
+  std::optional<int> exit_status_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return absl::StrCat("wait status ", status);
+}
+
+// A port that was free a moment ago (nothing listens on it afterwards).
+int UnusedLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  int port = -1;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Fires if not disarmed in time: reports, SIGKILLs the children (which makes
+// a hung client fail instead of hanging), and aborts if the test still does
+// not finish.
+class Watchdog {
+ public:
+  Watchdog(absl::Duration timeout, std::string what, std::function<void()> kill_children)
+      : thread_([this, timeout, what = std::move(what), kill = std::move(kill_children)] {
+          if (done_.WaitForNotificationWithTimeout(timeout)) return;
+          fired_ = true;
+          std::fprintf(stderr, "WATCHDOG: %s did not finish within %s; killing the children\n",
+                       what.c_str(), absl::FormatDuration(timeout).c_str());
+          kill();
+          if (done_.WaitForNotificationWithTimeout(absl::Seconds(60))) return;
+          std::fprintf(stderr, "WATCHDOG: %s still hung; aborting\n", what.c_str());
+          std::abort();
+        }) {}
+  ~Watchdog() { Disarm(); }
+  void Disarm() {
+    if (!done_.HasBeenNotified()) done_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  absl::Notification done_;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
+
+class MultiProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(scratch_.ok()) << "cannot create a scratch directory"; }
+
+  void TearDown() override {
+    // Sanitizer builds: a child's memory error or UB is a failure of this test.
+    for (const auto& c : children_) {
+      const std::string log = c->log();
+      EXPECT_THAT(log, Not(HasSubstr("ERROR: AddressSanitizer"))) << c->name();
+      EXPECT_THAT(log, Not(HasSubstr("runtime error:"))) << c->name();
+    }
+    if (HasFailure()) {
+      for (const auto& c : children_) {
+        std::string log = c->log();
+        if (log.size() > 8000) log = "..." + log.substr(log.size() - 8000);
+        std::fprintf(stderr, "---- %s (%s) log:\n%s\n", c->name().c_str(), c->command().c_str(),
+                     log.c_str());
+      }
+    }
+    // Workers first, then the dispatcher; all SIGKILLed and reaped.
+    for (auto it = children_.rbegin(); it != children_.rend(); ++it) (*it)->KillAndReap();
+  }
+
+  ChildProcess* Spawn(const std::string& name, const std::string& path,
+                      const std::vector<std::string>& args) {
+    children_.push_back(std::make_unique<ChildProcess>(name, scratch_.File(name + ".log")));
+    ChildProcess* c = children_.back().get();
+    absl::Status s = c->Start(path, args);
+    EXPECT_TRUE(s.ok()) << name << ": " << s;
+    return s.ok() ? c : nullptr;
+  }
+
+  void KillAllChildren() {
+    for (const auto& c : children_) c->Signal(SIGKILL);
+  }
+
+  // Polls `port_file` until it holds a port, `child` dies, or the deadline.
+  absl::StatusOr<int> WaitForPort(ChildProcess* child, const std::string& port_file,
+                                  absl::Time deadline) {
+    while (true) {
+      std::string text = ReadFile(port_file);
+      if (!text.empty() && text.back() == '\n') {
+        int port = std::atoi(text.c_str());
+        if (port > 0 && port < 65536) return port;
+        return absl::InternalError(
+            absl::StrCat(child->name(), " wrote an invalid port file: '", text, "'"));
+      }
+      if (auto st = child->TryReap()) {
+        return absl::InternalError(absl::StrCat(child->name(), " ", DescribeWaitStatus(*st),
+                                                " before writing its port file; log:\n",
+                                                child->log()));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            child->name(), " did not write its port file ", port_file, " within ",
+            absl::FormatDuration(kStartDeadline), "; log:\n", child->log()));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
+  // Starts the dispatcher and `num_workers` workers and waits until all are
+  // serving (a worker writes its port file only after registering).
+  absl::Status StartCluster(int num_workers, const std::vector<std::string>& dispatcher_args,
+                            const std::vector<std::string>& worker_args) {
+    const absl::Time deadline = absl::Now() + kStartDeadline;
+    std::vector<std::string> dargs = {"--port", "0", "--port_file",
+                                      scratch_.File("dispatcher.port")};
+    dargs.insert(dargs.end(), dispatcher_args.begin(), dispatcher_args.end());
+    dispatcher_ = Spawn("dispatcher", SLUICE_DISPATCHER_BIN, dargs);
+    if (dispatcher_ == nullptr) return absl::InternalError("cannot start the dispatcher");
+    auto port = WaitForPort(dispatcher_, scratch_.File("dispatcher.port"), deadline);
+    if (!port.ok()) return port.status();
+    dispatcher_port_ = *port;
+    const std::string dispatcher_address = absl::StrCat("127.0.0.1:", dispatcher_port_);
+    for (int i = 0; i < num_workers; ++i) {
+      std::string name = absl::StrCat("worker", i);
+      std::vector<std::string> wargs = {"--dispatcher", dispatcher_address, "--port", "0",
+                                        "--port_file", scratch_.File(name + ".port")};
+      wargs.insert(wargs.end(), worker_args.begin(), worker_args.end());
+      ChildProcess* w = Spawn(name, SLUICE_WORKER_BIN, wargs);
+      if (w == nullptr) return absl::InternalError(absl::StrCat("cannot start ", name));
+      workers_.push_back(w);
+    }
+    for (int i = 0; i < num_workers; ++i) {
+      auto wport = WaitForPort(workers_[i], scratch_.File(absl::StrCat("worker", i, ".port")),
+                               deadline);
+      if (!wport.ok()) return wport.status();
+    }
+    return absl::OkStatus();
+  }
+
+  std::string ServiceTarget() const { return absl::StrCat("grpc://127.0.0.1:", dispatcher_port_); }
+
+  ScratchDir scratch_;
+  std::vector<std::unique_ptr<ChildProcess>> children_;
+  ChildProcess* dispatcher_ = nullptr;
+  std::vector<ChildProcess*> workers_;
+  int dispatcher_port_ = 0;
+};
+
+// Reads `it` to the end, appending the scalar int64 values to `out`, calling
+// `after_each(count)` after every element.
+absl::Status Drain(Iterator& it, std::vector<int64_t>* out,
+                   const std::function<void(int64_t)>& after_each = nullptr) {
+  while (true) {
+    auto e = it.Next();
+    if (!e.ok()) return e.status();
+    if (!e->has_value()) return absl::OkStatus();
+    const Element& el = **e;
+    if (el.size() != 1) return absl::InternalError("expected one component per element");
+    out->push_back(el[0].at<int64_t>(0));
+    if (after_each) after_each(static_cast<int64_t>(out->size()));
+  }
+}
+
+TEST_F(MultiProcessTest, DistributedPipelineAcrossProcesses) {
+  ASSERT_OK(StartCluster(2, {}, {}));
+  Watchdog watchdog(absl::Seconds(120), "DistributedPipelineAcrossProcesses",
+                    [this] { KillAllChildren(); });
+
+  DistributeOptions opt;
+  opt.service = ServiceTarget();
+  auto ds = Dataset::Range(5).Map(x * x).Distribute(opt).Map(x + 1);
+  ASSERT_OK(ds.status());
+  std::vector<int64_t> values;
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+    ASSERT_OK(Drain(*it, &values));
+  }
+  watchdog.Disarm();
+  ASSERT_FALSE(watchdog.fired());
+  std::sort(values.begin(), values.end());
+  // parallel_epochs: each of the two workers produces the whole dataset.
+  EXPECT_THAT(values, ElementsAreArray({1, 1, 2, 2, 5, 5, 10, 10, 17, 17}));
+
+  // Both binaries stop cleanly on SIGTERM.
+  for (ChildProcess* w : workers_) {
+    w->Signal(SIGTERM);
+    auto st = w->WaitForExit(kExitDeadline);
+    ASSERT_TRUE(st.has_value()) << w->name() << " did not exit after SIGTERM";
+    EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+        << w->name() << " " << DescribeWaitStatus(*st);
+  }
+  dispatcher_->Signal(SIGTERM);
+  auto st = dispatcher_->WaitForExit(kExitDeadline);
+  ASSERT_TRUE(st.has_value()) << "the dispatcher did not exit after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
+}
+
+TEST_F(MultiProcessTest, WorkerKilledMidStreamDoesNotHangTheClient) {
+  constexpr int64_t kN = 50000;
+  // The workers' long-poll heartbeat period (200 ms) stays well inside the
+  // dispatcher's worker timeout, so only the killed worker is ever declared
+  // lost.
+  ASSERT_OK(StartCluster(2, {"--worker_timeout_ms", "1000", "--job_gc_check_interval_ms", "100"},
+                         {"--heartbeat_interval_ms", "200"}));
+  Watchdog watchdog(absl::Seconds(240), "WorkerKilledMidStreamDoesNotHangTheClient",
+                    [this] { KillAllChildren(); });
+
+  const DataServiceStats before = GetDataServiceStats();
+  DistributeOptions opt;
+  opt.service = ServiceTarget();
+  auto ds = Dataset::Range(kN).Distribute(opt);
+  ASSERT_OK(ds.status());
+  std::vector<int64_t> values;
+  values.reserve(2 * kN);
+  bool killed = false;
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+    ASSERT_OK(Drain(*it, &values, [&](int64_t received) {
+      // Well into the stream, far from either worker's end (each buffers at
+      // most a few dozen elements ahead of the client).
+      if (!killed && received == 2000) {
+        workers_[0]->KillAndReap();
+        killed = true;
+      }
+    }));
+  }
+  watchdog.Disarm();
+  ASSERT_FALSE(watchdog.fired());
+  ASSERT_TRUE(killed) << "the stream ended before the kill point";
+  EXPECT_FALSE(dispatcher_->TryReap().has_value()) << "the dispatcher died";
+  EXPECT_FALSE(workers_[1]->TryReap().has_value()) << "the surviving worker died";
+  const DataServiceStats after = GetDataServiceStats();
+
+  // Every value at least once (the surviving worker's full copy), at most
+  // twice; the killed worker's partial copy is the rest.
+  std::vector<int> counts(kN, 0);
+  for (int64_t v : values) {
+    ASSERT_GE(v, 0);
+    ASSERT_LT(v, kN);
+    ++counts[v];
+  }
+  int64_t missing = 0, extra = 0;
+  for (int c : counts) {
+    if (c == 0) ++missing;
+    if (c > 2) ++extra;
+  }
+  EXPECT_EQ(missing, 0) << "values never received (the surviving worker's copy is incomplete)";
+  EXPECT_EQ(extra, 0) << "values received more than twice";
+  EXPECT_GE(static_cast<int64_t>(values.size()), kN);
+  EXPECT_LT(static_cast<int64_t>(values.size()), 2 * kN);
+  EXPECT_EQ(after.lost_tasks - before.lost_tasks, 1);
+}
+
+TEST_F(MultiProcessTest, WorkerCommandLine) {
+  // --help: exits 0 and documents --dispatcher.
+  ChildProcess* help = Spawn("worker_help", SLUICE_WORKER_BIN, {"--help"});
+  ASSERT_NE(help, nullptr);
+  auto st = help->WaitForExit(kExitDeadline);
+  ASSERT_TRUE(st.has_value()) << "sluice-worker --help did not exit";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
+  EXPECT_THAT(help->log(), HasSubstr("--dispatcher"));
+
+  // An unreachable dispatcher: a clear error and a non-zero exit, not a hang.
+  const int dead_port = UnusedLoopbackPort();
+  ASSERT_GT(dead_port, 0);
+  ChildProcess* dead = Spawn("worker_dead", SLUICE_WORKER_BIN,
+                             {"--dispatcher", absl::StrCat("127.0.0.1:", dead_port), "--port", "0",
+                              "--port_file", scratch_.File("dead.port"),
+                              "--dispatcher_timeout_ms", "500"});
+  ASSERT_NE(dead, nullptr);
+  st = dead->WaitForExit(kExitDeadline);
+  ASSERT_TRUE(st.has_value()) << "sluice-worker with a dead dispatcher did not exit";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) != 0) << DescribeWaitStatus(*st);
+  EXPECT_THAT(dead->log(), HasSubstr("cannot reach the dispatcher"));
+  EXPECT_FALSE(std::filesystem::exists(scratch_.File("dead.port")));
+
+  // A missing required flag is a usage error.
+  ChildProcess* usage = Spawn("worker_usage", SLUICE_WORKER_BIN, {"--port", "0"});
+  ASSERT_NE(usage, nullptr);
+  st = usage->WaitForExit(kExitDeadline);
+  ASSERT_TRUE(st.has_value()) << "sluice-worker without --dispatcher did not exit";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) != 0) << DescribeWaitStatus(*st);
+  EXPECT_THAT(usage->log(), HasSubstr("--dispatcher"));
+}
+
+TEST_F(MultiProcessTest, DispatcherCommandLine) {
+  ChildProcess* help = Spawn("dispatcher_help", SLUICE_DISPATCHER_BIN, {"--help"});
+  ASSERT_NE(help, nullptr);
+  auto st = help->WaitForExit(kExitDeadline);
+  ASSERT_TRUE(st.has_value()) << "sluice-dispatcher --help did not exit";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
+  EXPECT_THAT(help->log(), HasSubstr("--worker_timeout_ms"));
+  EXPECT_THAT(help->log(), HasSubstr("--port_file"));
+}
+
+}  // namespace
+}  // namespace sluice
