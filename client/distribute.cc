@@ -63,6 +63,46 @@ absl::Status Call(proto::DispatcherService::Stub* stub, Method method, const Req
   return internal::FromGrpcStatus(s, address);
 }
 
+// UCX first; if UCX fails before it ever delivered anything (it could not
+// connect), switch to gRPC for good, with a warning -- or fail, when
+// fallback is disabled. Later UCX errors pass through (the peer died).
+class FallbackTransport final : public ElementTransport {
+ public:
+  FallbackTransport(std::unique_ptr<ElementTransport> ucx, std::unique_ptr<ElementTransport> grpc,
+                    std::string worker, bool allow)
+      : ucx_(std::move(ucx)), grpc_(std::move(grpc)), worker_(std::move(worker)), allow_(allow) {}
+
+  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override {
+    if (use_grpc_.load()) return grpc_->GetElement(request);
+    auto r = ucx_->GetElement(request);
+    if (r.ok()) {
+      worked_ = true;
+      return r;
+    }
+    bool transport_failure = absl::IsUnavailable(r.status()) ||
+                             absl::IsDeadlineExceeded(r.status());
+    if (!worked_.load() && transport_failure && allow_) {
+      if (!use_grpc_.exchange(true)) {
+        spdlog::warn("sluice client: UCX to worker {} failed ({}); falling back to gRPC",
+                     worker_, std::string(r.status().message()));
+      }
+      return grpc_->GetElement(request);
+    }
+    return r;
+  }
+  void Cancel() override {
+    ucx_->Cancel();
+    grpc_->Cancel();
+  }
+  std::string protocol() const override { return use_grpc_.load() ? "grpc" : "ucx"; }
+
+ private:
+  std::unique_ptr<ElementTransport> ucx_, grpc_;
+  const std::string worker_;
+  const bool allow_;
+  std::atomic<bool> use_grpc_{false}, worked_{false};
+};
+
 class DataServiceIterator final : public Iterator {
  public:
   static absl::StatusOr<std::unique_ptr<Iterator>> Create(
@@ -157,6 +197,31 @@ class DataServiceIterator final : public Iterator {
         address_(std::move(address)),
         stub_(proto::DispatcherService::NewStub(internal::MakeChannel(address_))) {}
 
+  // The transport to a task's worker: UCX when both sides want it (with
+  // gRPC as the fallback), gRPC otherwise.
+  absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const proto::TaskInfo& info) {
+    bool ucx = node_.data_transfer_protocol() == "ucx" && info.transfer_protocol() == "ucx";
+    if (!ucx) {
+      if (node_.data_transfer_protocol() == "ucx" && !warned_no_ucx_) {
+        warned_no_ucx_ = true;
+        spdlog::warn("sluice client: worker {} serves elements over gRPC only; using gRPC",
+                     info.worker_address());
+      }
+      return MakeGrpcElementTransport(info.worker_address());
+    }
+    auto grpc = MakeGrpcElementTransport(info.worker_address());
+    if (!grpc.ok()) return grpc.status();
+    auto u = MakeUcxElementTransport(info.transfer_address());
+    if (!u.ok()) {
+      if (node_.no_grpc_fallback()) return u.status();
+      spdlog::warn("sluice client: cannot use UCX to worker {} ({}); falling back to gRPC",
+                   info.worker_address(), std::string(u.status().message()));
+      return grpc;
+    }
+    return std::unique_ptr<ElementTransport>(new FallbackTransport(
+        *std::move(u), *std::move(grpc), info.worker_address(), !node_.no_grpc_fallback()));
+  }
+
   bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!iteration_finished_ || in_flight_ > 0) return false;
     for (const auto& [id, t] : tasks_) {
@@ -193,8 +258,7 @@ class DataServiceIterator final : public Iterator {
     for (const proto::TaskInfo& info : resp.tasks()) {
       auto it = tasks_.find(info.task_id());
       if (it == tasks_.end()) {
-        std::string protocol = node_.data_transfer_protocol();
-        auto transport = MakeElementTransport(protocol, info.transfer_address());
+        auto transport = Connect(info);
         if (!transport.ok()) {
           error_ = transport.status();
           return error_;
@@ -348,6 +412,7 @@ class DataServiceIterator final : public Iterator {
   int64_t rr_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
   bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool warned_no_ucx_ ABSL_GUARDED_BY(mu_) = false;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a request completes
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
@@ -390,10 +455,6 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
                                                    o.data_transfer_protocol,
                                                    "'; expected grpc or ucx"));
   }
-  if (o.data_transfer_protocol == "ucx") {
-    return absl::UnimplementedError(
-        "Distribute: data_transfer_protocol 'ucx' is not available yet; use 'grpc'");
-  }
   if (o.consumer_index.has_value() || o.num_consumers.has_value()) {
     return absl::UnimplementedError(
         "Distribute: coordinated reads (consumer_index/num_consumers) are not available yet");
@@ -415,6 +476,7 @@ proto::DatasetNode MakeNode(const DistributeOptions& o) {
   d->set_consumer_index(o.consumer_index.value_or(-1));
   d->set_num_consumers(o.num_consumers.value_or(0));
   d->set_dispatcher_timeout_ms(o.dispatcher_timeout_ms);
+  d->set_no_grpc_fallback(!o.fallback_to_grpc);
   return n;
 }
 

@@ -39,8 +39,13 @@ struct DistributeOptions {
   std::string service;
   std::string job_name;
   int64_t max_outstanding_requests = 8;
-  // "grpc" for now ("ucx" arrives with the UCX data plane).
-  std::string data_transfer_protocol = "grpc";
+  // "ucx": elements land in this process's preregistered receive pool
+  // without a copy (RDMA / shared memory / TCP, as UCX finds). "grpc": the
+  // baseline path. A worker that serves gRPC only is read over gRPC.
+  std::string data_transfer_protocol = "ucx";
+  // When UCX cannot connect to a worker, read it over gRPC (with a
+  // warning) instead of failing.
+  bool fallback_to_grpc = true;
   // Coordinated reads (not available yet; setting them is an error).
   std::optional<int64_t> consumer_index;
   std::optional<int64_t> num_consumers;

@@ -46,8 +46,22 @@ class ElementTransport {
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
     const std::string& address);
 
-// "grpc" (and, once available, "ucx") -> a transport to `address`.
-absl::StatusOr<std::unique_ptr<ElementTransport>> MakeElementTransport(
-    const std::string& protocol, const std::string& address);
+// A UCX endpoint to a worker's UCX listener at "host:port" (elements land
+// in the process's preregistered receive pool).
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
+    const std::string& address);
+
+// Counters of the client data plane, process-wide.
+struct TransportStats {
+  int64_t ucx_elements_received = 0;
+  int64_t ucx_bytes_received = 0;
+  // Payload bytes the client copied after receipt (0 on the rendezvous path).
+  int64_t client_payload_bytes_copied = 0;
+  // Elements that did not fit a free pool slot and got their own buffer.
+  int64_t dedicated_buffer_allocations = 0;
+  int64_t pool_buffers_in_use = 0;
+  int64_t pool_high_water_mark = 0;
+};
+TransportStats GetTransportStats();
 
 }  // namespace sluice

@@ -77,21 +77,21 @@ class GrpcElementTransport final : public ElementTransport {
 
 }  // namespace
 
+namespace internal {
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
+    const std::string& address);
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
+    const std::string& address) {
+  return internal::MakeUcxElementTransport(address);
+}
+
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
     const std::string& address) {
   auto parsed = internal::ParseServiceAddress(address);
   if (!parsed.ok()) return parsed.status();
   return std::unique_ptr<ElementTransport>(new GrpcElementTransport(*parsed));
-}
-
-absl::StatusOr<std::unique_ptr<ElementTransport>> MakeElementTransport(
-    const std::string& protocol, const std::string& address) {
-  if (protocol == "grpc") return MakeGrpcElementTransport(address);
-  if (protocol == "ucx") {
-    return absl::UnimplementedError("the ucx data transfer protocol is not available yet");
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown data_transfer_protocol '", protocol, "'; expected grpc or ucx"));
 }
 
 }  // namespace sluice

@@ -15,7 +15,9 @@
 #include "absl/synchronization/notification.h"
 #include "control/service.grpc.pb.h"
 #include "sluice/control/grpc_util.h"
+#include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/udf.h"
+#include "sluice/dataplane/ucx_server.h"
 #include "sluice/worker/task_runner.h"
 #include "spdlog/spdlog.h"
 
@@ -28,6 +30,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   std::string address;
   int port = 0;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<internal::UcxElementServer> ucx;  // null on the grpc data path
+  std::string transfer_address, transfer_protocol;
   std::unique_ptr<proto::DispatcherService::Stub> dispatcher;
   std::thread heartbeat;
   absl::Notification stopping;
@@ -75,30 +79,46 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     return p;
   }
 
-  grpc::Status GetElement(grpc::ServerContext* ctx, const proto::GetElementRequest* req,
-                          proto::GetElementResponse* resp) override {
-    absl::Duration wait = absl::Milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 10000));
-    std::shared_ptr<TaskRunner> task = FindTask(req->task_id());
+  // Answers one element request (both data paths use this).
+  absl::StatusOr<internal::ServedElement> Serve(const ElementRequest& req) {
+    absl::Duration wait = std::clamp(req.wait, absl::ZeroDuration(), absl::Seconds(10));
+    internal::ServedElement out;
+    std::shared_ptr<TaskRunner> task = FindTask(req.task_id);
     if (task == nullptr) {
       // The client may learn of a task before this worker's heartbeat
       // delivers it: ask again shortly.
       stopping.WaitForNotificationWithTimeout(std::min(wait, absl::Milliseconds(20)));
-      resp->set_not_ready(true);
-      return grpc::Status::OK;
+      out.not_ready = true;
+      return out;
     }
     auto next = task->GetNext(wait);
     if (!next.ok()) {
       if (!absl::IsCancelled(next.status())) ReportFinished(*task);
-      return internal::ToGrpcStatus(next.status());
+      return next.status();
     }
     if (next->end_of_sequence) {
       ReportFinished(*task);
-      resp->set_end_of_sequence(true);
+      out.end_of_sequence = true;
     } else if (next->not_ready) {
-      resp->set_not_ready(true);
+      out.not_ready = true;
     } else {
-      *resp->mutable_frame() = std::move(next->frame);
+      out.frame = std::move(next->frame);
     }
+    return out;
+  }
+
+  grpc::Status GetElement(grpc::ServerContext* ctx, const proto::GetElementRequest* req,
+                          proto::GetElementResponse* resp) override {
+    ElementRequest r;
+    r.task_id = req->task_id();
+    r.consumer_index = req->consumer_index();
+    r.round = req->round();
+    r.wait = absl::Milliseconds(req->wait_ms());
+    auto served = Serve(r);
+    if (!served.ok()) return internal::ToGrpcStatus(served.status());
+    resp->set_end_of_sequence(served->end_of_sequence);
+    resp->set_not_ready(served->not_ready);
+    if (!served->frame.empty()) *resp->mutable_frame() = std::move(served->frame);
     return grpc::Status::OK;
   }
 
@@ -114,9 +134,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       ABSL_LOCKS_EXCLUDED(mu) {
     proto::WorkerHeartbeatRequest req;
     req.set_worker_address(address);
-    req.set_transfer_address(config.data_transfer_address.empty() ? address
-                                                                   : config.data_transfer_address);
-    req.set_transfer_protocol(config.data_transfer_protocol);
+    req.set_transfer_address(transfer_address);
+    req.set_transfer_protocol(transfer_protocol);
     req.set_wait_ms(absl::ToInt64Milliseconds(wait));
     grpc::ClientContext ctx;
     internal::SetTimeout(&ctx, deadline);
@@ -182,11 +201,7 @@ WorkerServer::~WorkerServer() { Stop(); }
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config) {
   auto dispatcher = internal::ParseServiceAddress(config.dispatcher_address);
   if (!dispatcher.ok()) return dispatcher.status();
-  if (config.data_transfer_protocol != "grpc") {
-    if (config.data_transfer_protocol == "ucx") {
-      return absl::UnimplementedError(
-          "data_transfer_protocol 'ucx' is not available yet; use 'grpc'");
-    }
+  if (config.data_transfer_protocol != "grpc" && config.data_transfer_protocol != "ucx") {
     return absl::InvalidArgumentError(absl::StrCat("unknown data_transfer_protocol '",
                                                    config.data_transfer_protocol,
                                                    "'; expected grpc or ucx"));
@@ -220,12 +235,32 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                                                                        : config.bind_address,
                                      ":", impl->port)
                       : config.worker_address;
+  impl->transfer_protocol = "grpc";
+  impl->transfer_address = impl->address;
+  if (config.data_transfer_protocol == "ucx") {
+    std::string listen_ucx = config.data_transfer_address.empty()
+                                 ? absl::StrCat(config.bind_address, ":0")
+                                 : config.data_transfer_address;
+    Impl* self = impl.get();
+    auto ucx = internal::UcxElementServer::Start(
+        listen_ucx, [self](const ElementRequest& r) { return self->Serve(r); }, 16);
+    if (ucx.ok()) {
+      impl->ucx = *std::move(ucx);
+      impl->transfer_protocol = "ucx";
+      impl->transfer_address = impl->ucx->address();
+    } else {
+      // Clients then read over gRPC; say why once.
+      spdlog::warn("worker: UCX data plane unavailable ({}); serving elements over gRPC",
+                   std::string(ucx.status().message()));
+    }
+  }
   impl->dispatcher = proto::DispatcherService::NewStub(internal::MakeChannel(*dispatcher));
   // Register now, so that an unreachable dispatcher fails Start clearly.
   absl::Status s = impl->Heartbeat(absl::ZeroDuration(),
                                    absl::Milliseconds(config.dispatcher_timeout_ms), true);
   if (!s.ok()) {
     impl->server->Shutdown();
+    if (impl->ucx) impl->ucx->Stop();
     if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
       return absl::UnavailableError(absl::StrCat("worker cannot reach the dispatcher at ",
                                                  *dispatcher, " within ",
@@ -235,7 +270,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   Impl* raw = impl.get();
   impl->heartbeat = std::thread([raw] { raw->HeartbeatLoop(); });
-  spdlog::info("worker: serving on {} (dispatcher {})", impl->address, *dispatcher);
+  spdlog::info("worker: serving on {} (elements over {} at {}; dispatcher {})", impl->address,
+               impl->transfer_protocol, impl->transfer_address, *dispatcher);
   return std::unique_ptr<WorkerServer>(new WorkerServer(std::move(impl)));
 }
 
@@ -258,6 +294,7 @@ void WorkerServer::Stop() {
   }
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
   impl_->server->Wait();
+  if (impl_->ucx) impl_->ucx->Stop();
   if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
   std::map<int64_t, std::shared_ptr<TaskRunner>> tasks;
   {

@@ -23,9 +23,10 @@ struct WorkerConfig {
   std::string worker_address;
   std::string bind_address = "127.0.0.1";
   int port = 0;  // 0 picks a free port
-  // "grpc" for now ("ucx" arrives with the UCX data plane).
-  std::string data_transfer_protocol = "grpc";
-  // Data-plane address when it differs from worker_address.
+  // "ucx" (zero-copy into client buffers; falls back to gRPC with a
+  // warning when UCX cannot start) or "grpc".
+  std::string data_transfer_protocol = "ucx";
+  // UCX listener "host:port"; empty: "<bind_address>:0" (a free port).
   std::string data_transfer_address;
   // Heartbeat period; heartbeats long-poll, so new tasks arrive at once.
   int64_t heartbeat_interval_ms = 1000;

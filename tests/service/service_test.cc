@@ -8,6 +8,7 @@
 
 #include "sluice/client/distribute.h"
 #include "sluice/control/dispatch_server.h"
+#include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
 #include "sluice/worker/worker_server.h"
@@ -39,7 +40,9 @@ std::map<int64_t, int> Counts(const std::vector<int64_t>& v) {
   return m;
 }
 
-class ServiceTest : public ::testing::Test {
+// The whole suite runs once per data transfer protocol (and ctest runs it
+// under UCX_TLS=tcp and under shared memory).
+class ServiceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void StartDispatcher(DispatcherConfig dc = {}) {
     auto d = DispatchServer::Start(dc);
@@ -51,6 +54,7 @@ class ServiceTest : public ::testing::Test {
       WorkerConfig wc;
       wc.dispatcher_address = dispatcher_->address();
       wc.heartbeat_interval_ms = 200;
+      wc.data_transfer_protocol = GetParam();
       auto w = WorkerServer::Start(wc);
       ASSERT_OK(w);
       workers_.push_back(*std::move(w));
@@ -64,6 +68,8 @@ class ServiceTest : public ::testing::Test {
     DistributeOptions o;
     o.service = dispatcher_->target();
     o.job_name = std::move(job_name);
+    o.data_transfer_protocol = GetParam();
+    o.fallback_to_grpc = false;  // a UCX run must really use UCX
     return o;
   }
   void TearDown() override {
@@ -75,7 +81,7 @@ class ServiceTest : public ::testing::Test {
   std::vector<std::unique_ptr<WorkerServer>> workers_;
 };
 
-TEST_F(ServiceTest, SeedExampleRunsBeforeDistributeOnWorkersAndAfterLocally) {
+TEST_P(ServiceTest, SeedExampleRunsBeforeDistributeOnWorkersAndAfterLocally) {
   StartService(2);
   Dataset ds = Dataset::Range(5).Map(x * x).Distribute(Options()).Map(x + 1);
   ASSERT_OK(ds.status());
@@ -83,7 +89,7 @@ TEST_F(ServiceTest, SeedExampleRunsBeforeDistributeOnWorkersAndAfterLocally) {
   EXPECT_THAT(v, UnorderedElementsAreArray({1, 1, 2, 2, 5, 5, 10, 10, 17, 17}));
 }
 
-TEST_F(ServiceTest, ParallelEpochsEveryWorkerProducesTheWholeDataset) {
+TEST_P(ServiceTest, ParallelEpochsEveryWorkerProducesTheWholeDataset) {
   StartService(3);
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
                          return CollectScalars<int64_t>(Dataset::Range(3).Distribute(Options()));
@@ -91,7 +97,7 @@ TEST_F(ServiceTest, ParallelEpochsEveryWorkerProducesTheWholeDataset) {
   EXPECT_THAT(v, UnorderedElementsAreArray({0, 0, 0, 1, 1, 1, 2, 2, 2}));
 }
 
-TEST_F(ServiceTest, EachMakeIteratorIsANewIteration) {
+TEST_P(ServiceTest, EachMakeIteratorIsANewIteration) {
   StartService(1);
   Dataset ds = Dataset::Range(4).Distribute(Options("epochs"));
   for (int epoch = 0; epoch < 3; ++epoch) {
@@ -106,7 +112,7 @@ TEST_F(ServiceTest, EachMakeIteratorIsANewIteration) {
   EXPECT_THAT(r, UnorderedElementsAreArray({0, 0, 0, 1, 1, 1}));
 }
 
-TEST_F(ServiceTest, SharedJobNameSplitsEachIterationBetweenConsumers) {
+TEST_P(ServiceTest, SharedJobNameSplitsEachIterationBetweenConsumers) {
   StartService(2);
   constexpr int kConsumers = 3, kIterations = 3, kN = 300;
   std::vector<int64_t> got[kConsumers][kIterations];
@@ -146,7 +152,7 @@ TEST_F(ServiceTest, SharedJobNameSplitsEachIterationBetweenConsumers) {
   }
 }
 
-TEST_F(ServiceTest, ReadToTheEndJobNameYieldsEndOfInputToANewcomer) {
+TEST_P(ServiceTest, ReadToTheEndJobNameYieldsEndOfInputToANewcomer) {
   StartService(1);
   ASSERT_OK_AND_ASSIGN(auto first, WithHangGuard([&] {
                          return CollectScalars<int64_t>(Dataset::Range(5).Distribute(Options("done")));
@@ -158,14 +164,14 @@ TEST_F(ServiceTest, ReadToTheEndJobNameYieldsEndOfInputToANewcomer) {
   EXPECT_TRUE(late.empty());
 }
 
-TEST_F(ServiceTest, SameJobNameWithDifferentDatasetIsInvalidArgument) {
+TEST_P(ServiceTest, SameJobNameWithDifferentDatasetIsInvalidArgument) {
   StartService(1);
   ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(5).Distribute(Options("train")).MakeIterator());
   EXPECT_STATUS(Dataset::Range(6).Distribute(Options("train")).MakeIterator(),
                 absl::StatusCode::kInvalidArgument, "job 'train' exists for dataset");
 }
 
-TEST_F(ServiceTest, WithoutJobNameEachIteratorIsAPrivateJob) {
+TEST_P(ServiceTest, WithoutJobNameEachIteratorIsAPrivateJob) {
   StartService(1);
   Dataset a = Dataset::Range(50).Distribute(Options());
   Dataset b = Dataset::Range(50).Distribute(Options());
@@ -178,7 +184,7 @@ TEST_F(ServiceTest, WithoutJobNameEachIteratorIsAPrivateJob) {
   EXPECT_EQ(vb->size(), 50u);
 }
 
-TEST_F(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
+TEST_P(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
   StartService(1);
   constexpr int64_t kN = 10000;
   ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(Options()).MakeIterator());
@@ -207,7 +213,7 @@ TEST_F(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
   for (const auto& [v, n] : counts) ASSERT_EQ(n, 2) << "value " << v;
 }
 
-TEST_F(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
+TEST_P(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
   StartService(1);
   DistributeOptions o = Options();
   o.max_outstanding_requests = 2;
@@ -221,7 +227,7 @@ TEST_F(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
   EXPECT_LE(received, 5 + 2);
 }
 
-TEST_F(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
+TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
   StartService(1);
   std::vector<uint8_t> big(64 << 20);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
@@ -232,6 +238,7 @@ TEST_F(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
                    Tensor::Scalar<Float16>(Float16(0.5f)),
                    Tensor::Scalar<uint64_t>(~uint64_t{0})};
   Element huge = {Tensor::FromVector<uint8_t>(big)};
+  TransportStats before = GetTransportStats();
   for (const Element& e : {tuple, huge}) {
     ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
                            return Collect(Dataset::FromTensors({e}).Distribute(Options()));
@@ -239,9 +246,16 @@ TEST_F(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
     ASSERT_EQ(out.size(), 1u);
     EXPECT_TRUE(ElementsEqual(out[0], e));
   }
+  TransportStats after = GetTransportStats();
+  if (GetParam() == "ucx") {
+    EXPECT_EQ(after.ucx_elements_received - before.ucx_elements_received, 2);
+    EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
+  } else {
+    EXPECT_EQ(after.ucx_elements_received, before.ucx_elements_received);
+  }
 }
 
-TEST_F(ServiceTest, RuntimeErrorOnTheWorkerReachesTheClient) {
+TEST_P(ServiceTest, RuntimeErrorOnTheWorkerReachesTheClient) {
   StartService(1);
   EXPECT_STATUS(WithHangGuard([&] {
                   return Collect(Dataset::Range(10).Map(x / (x - 3)).Distribute(Options()));
@@ -249,7 +263,7 @@ TEST_F(ServiceTest, RuntimeErrorOnTheWorkerReachesTheClient) {
                 absl::StatusCode::kInvalidArgument, "division by zero");
 }
 
-TEST_F(ServiceTest, UnreachableServiceIsUnavailableWithinTheTimeout) {
+TEST_P(ServiceTest, UnreachableServiceIsUnavailableWithinTheTimeout) {
   // A port nobody listens on: start and stop a dispatcher to find one.
   StartDispatcher();
   std::string target = dispatcher_->target();
@@ -266,7 +280,7 @@ TEST_F(ServiceTest, UnreachableServiceIsUnavailableWithinTheTimeout) {
                 absl::StatusCode::kUnavailable, "cannot reach the dispatcher");
 }
 
-TEST_F(ServiceTest, BadOptionsAreInvalidArgument) {
+TEST_P(ServiceTest, BadOptionsAreInvalidArgument) {
   StartService(1);
   DistributeOptions o = Options();
   o.processing_mode = "sideways";
@@ -292,7 +306,7 @@ TEST_F(ServiceTest, BadOptionsAreInvalidArgument) {
                 "malformed service address");
 }
 
-TEST_F(ServiceTest, RegisterDatasetAndFromDatasetId) {
+TEST_P(ServiceTest, RegisterDatasetAndFromDatasetId) {
   StartService(2);
   Dataset ds = Dataset::Range(4).Map(x * 3);
   ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(dispatcher_->target(), ds));
@@ -306,7 +320,7 @@ TEST_F(ServiceTest, RegisterDatasetAndFromDatasetId) {
                 absl::StatusCode::kNotFound, "is not registered");
 }
 
-TEST_F(ServiceTest, DestroyingTheIteratorReleasesItsIterationClient) {
+TEST_P(ServiceTest, DestroyingTheIteratorReleasesItsIterationClient) {
   StartService(1);
   int64_t released = GetDataServiceStats().iterations_released;
   {
@@ -316,7 +330,7 @@ TEST_F(ServiceTest, DestroyingTheIteratorReleasesItsIterationClient) {
   EXPECT_EQ(GetDataServiceStats().iterations_released, released + 1);
 }
 
-TEST_F(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
+TEST_P(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
   DispatcherConfig dc;
   dc.worker_timeout_ms = 500;
   StartService(2, dc);
@@ -348,7 +362,7 @@ TEST_F(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
   EXPECT_EQ(GetDataServiceStats().lost_tasks, lost_before + 1);
 }
 
-TEST_F(ServiceTest, StopReturnsWhileClientsAreMidStream) {
+TEST_P(ServiceTest, StopReturnsWhileClientsAreMidStream) {
   StartService(2);
   ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10000000).Distribute(Options()).MakeIterator());
   ASSERT_OK(it->Next());
@@ -362,6 +376,9 @@ TEST_F(ServiceTest, StopReturnsWhileClientsAreMidStream) {
   std::printf("Stop() of 2 workers and the dispatcher took %.3f s\n", secs);
   it.reset();  // the client gives up on the stopped service without hanging
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ServiceTest, ::testing::Values("grpc", "ucx"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace sluice

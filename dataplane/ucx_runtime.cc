@@ -1,0 +1,196 @@
+#include "sluice/dataplane/ucx_runtime.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+
+namespace sluice::internal::ucx {
+
+absl::Status UcsError(ucs_status_t s, absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
+}
+
+absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
+  static absl::Mutex mu;
+  static std::weak_ptr<Context>* current = new std::weak_ptr<Context>();
+  absl::MutexLock l(&mu);
+  if (auto c = current->lock()) return c;
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return UcsError(s, "ucp_config_read");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;
+  ucp_context_h h = nullptr;
+  s = ucp_init(&params, config, &h);
+  ucp_config_release(config);
+  if (s != UCS_OK) return UcsError(s, "ucp_init");
+  std::shared_ptr<Context> c(new Context(h));
+  *current = c;
+  return c;
+}
+
+Context::~Context() { ucp_cleanup(h_); }
+
+absl::StatusOr<std::shared_ptr<Memory>> Memory::Allocate(std::shared_ptr<Context> ctx,
+                                                         size_t bytes) {
+  ucp_mem_map_params_t p{};
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                 UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  p.address = nullptr;
+  p.length = bytes == 0 ? 64 : bytes;
+  p.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(ctx->handle(), &p, &memh);
+  if (s != UCS_OK) return UcsError(s, absl::StrCat("ucp_mem_map of ", bytes, " bytes"));
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  s = ucp_mem_query(memh, &attr);
+  if (s != UCS_OK) {
+    ucp_mem_unmap(ctx->handle(), memh);
+    return UcsError(s, "ucp_mem_query");
+  }
+  auto* data = static_cast<uint8_t*>(attr.address);
+  // First touch, so the pages exist (and land on the allocating thread's
+  // NUMA node) before any transfer.
+  std::memset(data, 0, p.length);
+  return std::shared_ptr<Memory>(new Memory(std::move(ctx), memh, data, bytes));
+}
+
+Memory::~Memory() { ucp_mem_unmap(ctx_->handle(), memh_); }
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> ctx,
+                                                       bool busy_poll) {
+  ucp_worker_params_t p{};
+  p.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Only the progress thread touches the worker; Post() hands work to it.
+  p.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h h = nullptr;
+  ucs_status_t s = ucp_worker_create(ctx->handle(), &p, &h);
+  if (s != UCS_OK) return UcsError(s, "ucp_worker_create");
+  int efd = -1;
+  s = ucp_worker_get_efd(h, &efd);
+  if (s != UCS_OK) {
+    ucp_worker_destroy(h);
+    return UcsError(s, "ucp_worker_get_efd");
+  }
+  std::unique_ptr<Worker> w(new Worker(std::move(ctx), h, efd, busy_poll));
+  Worker* raw = w.get();
+  w->thread_ = std::thread([raw] { raw->Loop(); });
+  return w;
+}
+
+Worker::~Worker() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  ucp_worker_signal(h_);
+  if (thread_.joinable()) thread_.join();
+  ucp_worker_destroy(h_);
+}
+
+void Worker::Post(std::function<void()> fn) {
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_) return;
+    posted_.push_back(std::move(fn));
+  }
+  ucp_worker_signal(h_);
+}
+
+void Worker::Run(std::function<void()> fn) {
+  if (OnProgressThread()) return fn();
+  absl::Notification done;
+  Post([&] {
+    fn();
+    done.Notify();
+  });
+  // If the worker stopped before running it, the closure was dropped.
+  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    absl::MutexLock l(&mu_);
+    if (stop_) return;
+  }
+}
+
+void Worker::Loop() {
+  while (true) {
+    std::deque<std::function<void()>> work;
+    {
+      absl::MutexLock l(&mu_);
+      if (stop_) break;
+      work.swap(posted_);
+    }
+    for (auto& fn : work) fn();
+    while (ucp_worker_progress(h_) != 0) {
+    }
+    if (busy_poll_) continue;
+    {
+      absl::MutexLock l(&mu_);
+      if (!posted_.empty() || stop_) continue;
+    }
+    ucs_status_t s = ucp_worker_arm(h_);
+    if (s == UCS_ERR_BUSY) continue;  // events pending: progress again
+    pollfd pfd{efd_, POLLIN, 0};
+    poll(&pfd, 1, 100);  // bounded: Post/stop signal the efd anyway
+  }
+  // Drain what is still posted so completions and closes run.
+  for (int i = 0; i < 100 && ucp_worker_progress(h_) != 0; ++i) {
+  }
+}
+
+absl::Status ParseSockaddr(const std::string& host_port, struct sockaddr_storage* out,
+                           socklen_t* len) {
+  size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("address '", host_port, "' has no port"));
+  }
+  std::string host = host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("address '", host_port, "' has a bad port"));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  std::memset(out, 0, sizeof(*out));
+  std::memcpy(out, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  if (out->ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(out)->sin_port = htons(static_cast<uint16_t>(port));
+  } else {
+    reinterpret_cast<sockaddr_in6*>(out)->sin6_port = htons(static_cast<uint16_t>(port));
+  }
+  return absl::OkStatus();
+}
+
+std::string SockaddrToString(const struct sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
+    return absl::StrCat(buf, ":", ntohs(a->sin_port));
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+  inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf));
+  return absl::StrCat("[", buf, "]:", ntohs(a->sin6_port));
+}
+
+}  // namespace sluice::internal::ucx

@@ -1,0 +1,97 @@
+// UCX runtime: RAII owners of the UCX handles and the progress model.
+// Internal to dataplane/: UCX headers never reach a public header.
+//
+// Progress model (one per UcxWorker): a dedicated progress thread owns the
+// ucp_worker. Every UCX call on that worker (endpoint creation, sends,
+// receives, AM handlers, completion callbacks) runs on that thread. Other
+// threads hand it work with Post(), which queues a closure and wakes the
+// thread with ucp_worker_signal(). The thread drains ucp_worker_progress(),
+// then arms the worker (ucp_worker_arm; UCS_ERR_BUSY means more events:
+// progress again) and sleeps in poll() on the worker's event fd. With
+// busy_poll it never sleeps (lowest latency, one core spent).
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace sluice::internal::ucx {
+
+absl::Status UcsError(ucs_status_t s, absl::string_view what);
+
+// The process's UCX context (features: active messages, wakeup).
+class Context final {
+ public:
+  static absl::StatusOr<std::shared_ptr<Context>> Get();
+  ~Context();
+  ucp_context_h handle() const { return h_; }
+
+ private:
+  explicit Context(ucp_context_h h) : h_(h) {}
+  ucp_context_h h_;
+};
+
+// Registered memory (ucp_mem_map allocates it; the pages are touched once).
+class Memory final {
+ public:
+  static absl::StatusOr<std::shared_ptr<Memory>> Allocate(std::shared_ptr<Context> ctx,
+                                                          size_t bytes);
+  ~Memory();
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  ucp_mem_h memh() const { return memh_; }
+
+ private:
+  Memory(std::shared_ptr<Context> ctx, ucp_mem_h memh, uint8_t* data, size_t size)
+      : ctx_(std::move(ctx)), memh_(memh), data_(data), size_(size) {}
+  std::shared_ptr<Context> ctx_;
+  ucp_mem_h memh_;
+  uint8_t* data_;
+  size_t size_;
+};
+
+class Worker final {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(std::shared_ptr<Context> ctx,
+                                                        bool busy_poll);
+  ~Worker();  // stops and joins the progress thread, then destroys the worker
+
+  // Runs `fn` on the progress thread (soon). Safe from any thread; after
+  // the worker stopped, `fn` is dropped.
+  void Post(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `fn` on the progress thread and waits for it.
+  void Run(std::function<void()> fn);
+  bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Only on the progress thread.
+  ucp_worker_h handle() const { return h_; }
+  const std::shared_ptr<Context>& context() const { return ctx_; }
+
+ private:
+  Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, bool busy_poll)
+      : ctx_(std::move(ctx)), h_(h), efd_(efd), busy_poll_(busy_poll) {}
+  void Loop();
+
+  std::shared_ptr<Context> ctx_;
+  ucp_worker_h h_;
+  int efd_;
+  bool busy_poll_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// "host:port" -> sockaddr_storage (IPv4 or IPv6 literal, or a resolvable name).
+absl::Status ParseSockaddr(const std::string& host_port, struct sockaddr_storage* out,
+                           socklen_t* len);
+std::string SockaddrToString(const struct sockaddr_storage& ss);
+
+}  // namespace sluice::internal::ucx

@@ -1,0 +1,493 @@
+// The client side of the UCX data plane.
+//
+// One process-wide UcxClient owns the UCX worker (and its progress thread)
+// and the receive pool. Each UcxElementTransport is one endpoint to one
+// worker. A GetElement call posts a request AM and waits; the reply's AM
+// handler (progress thread) takes a slot from the pool and receives the
+// rendezvous payload straight into it with ucp_am_recv_data_nbx and the
+// slot's memh; the decoded Tensors view the slot, which returns to the pool
+// when the last of them is dropped.
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "sluice/core/frame.h"
+#include "sluice/core/status.h"
+#include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/ucx_protocol.h"
+#include "sluice/dataplane/ucx_runtime.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice {
+namespace internal {
+namespace {
+
+struct UcxCounters {
+  std::atomic<int64_t> elements{0}, bytes{0}, copied{0}, dedicated{0}, in_use{0}, high_water{0};
+};
+UcxCounters& Counters() {
+  static UcxCounters* c = new UcxCounters();
+  return *c;
+}
+
+// Preregistered receive slots. Slots are allocated (and registered) once,
+// lazily, up to max_slots; their size follows the largest payload seen (a
+// larger element raises the size; smaller old slots retire when returned).
+// A payload that finds no free slot, or exceeds kMaxSlotBytes, gets a
+// dedicated registered buffer (counted). Client memory stays bounded by the
+// requests in flight (max_outstanding_requests) plus what the user holds.
+class SlotPool {
+ public:
+  static constexpr size_t kMinSlotBytes = size_t{1} << 20;
+  static constexpr size_t kMaxSlotBytes = size_t{64} << 20;
+  static constexpr size_t kMaxPoolBytes = size_t{1} << 30;
+
+  explicit SlotPool(std::shared_ptr<ucx::Context> ctx) : ctx_(std::move(ctx)) {}
+
+  struct Buffer {
+    std::shared_ptr<ucx::Memory> mem;
+    bool slot = false;
+  };
+
+  // A buffer of at least `bytes`; the shared_ptr's deleter returns it.
+  absl::StatusOr<std::shared_ptr<Buffer>> Acquire(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::shared_ptr<ucx::Memory> mem;
+    bool slot = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (bytes <= kMaxSlotBytes) {
+        if (bytes > slot_bytes_) {
+          size_t s = kMinSlotBytes;
+          while (s < bytes) s <<= 1;
+          slot_bytes_ = s;
+          // Retire free slots of the old size.
+          free_.erase(std::remove_if(free_.begin(), free_.end(),
+                                     [&](const auto& m) { return m->size() < slot_bytes_; }),
+                      free_.end());
+        }
+        if (!free_.empty()) {
+          mem = std::move(free_.back());
+          free_.pop_back();
+          slot = true;
+        } else if ((allocated_ + 1) * slot_bytes_ <= kMaxPoolBytes) {
+          slot = true;
+          ++allocated_;
+        }
+      }
+    }
+    if (mem == nullptr) {
+      auto m = ucx::Memory::Allocate(ctx_, slot ? slot_size() : bytes);
+      if (!m.ok()) return m.status();
+      mem = *std::move(m);
+      if (!slot) Counters().dedicated++;
+    }
+    int64_t used = ++Counters().in_use;
+    int64_t hw = Counters().high_water.load();
+    while (used > hw && !Counters().high_water.compare_exchange_weak(hw, used)) {
+    }
+    auto* buf = new Buffer{std::move(mem), slot};
+    return std::shared_ptr<Buffer>(buf, [this](Buffer* b) { Release(b); });
+  }
+
+ private:
+  size_t slot_size() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return slot_bytes_;
+  }
+
+  void Release(Buffer* b) ABSL_LOCKS_EXCLUDED(mu_) {
+    --Counters().in_use;
+    if (b->slot) {
+      absl::MutexLock l(&mu_);
+      if (b->mem->size() >= slot_bytes_) {
+        free_.push_back(std::move(b->mem));
+      } else {
+        --allocated_;  // retired: smaller than the current slot size
+      }
+    }
+    delete b;
+  }
+
+  std::shared_ptr<ucx::Context> ctx_;
+  absl::Mutex mu_;
+  size_t slot_bytes_ ABSL_GUARDED_BY(mu_) = kMinSlotBytes;
+  size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::shared_ptr<ucx::Memory>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// A request waiting for its reply. Completed exactly once (the first of
+// reply, endpoint error, cancellation wins); any thread may complete it.
+struct Pending {
+  bool Complete(absl::StatusOr<ElementResult> r) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock l(&mu);
+    if (done) return false;
+    result = std::move(r);
+    done = true;
+    return true;
+  }
+  // True if completed within `timeout`.
+  bool Wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock l(&mu);
+    auto is_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; };
+    return mu.AwaitWithTimeout(absl::Condition(&is_done), timeout);
+  }
+  absl::StatusOr<ElementResult> Take() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock l(&mu);
+    return std::move(result);
+  }
+
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::StatusOr<ElementResult> result ABSL_GUARDED_BY(mu) = absl::UnknownError("no reply");
+  // Progress thread only:
+  std::shared_ptr<SlotPool::Buffer> buffer;
+  size_t frame_size = 0;
+};
+
+class UcxClient {
+ public:
+  static absl::StatusOr<UcxClient*> Get() {
+    static absl::Mutex mu;
+    static UcxClient* client = nullptr;  // lives for the process
+    static absl::Status* error = nullptr;
+    absl::MutexLock l(&mu);
+    if (client != nullptr) return client;
+    if (error != nullptr) return *error;
+    auto ctx = ucx::Context::Get();
+    absl::StatusOr<std::unique_ptr<ucx::Worker>> worker =
+        ctx.ok() ? ucx::Worker::Create(*ctx, /*busy_poll=*/false)
+                 : absl::StatusOr<std::unique_ptr<ucx::Worker>>(ctx.status());
+    if (!worker.ok()) {
+      error = new absl::Status(worker.status());
+      return *error;
+    }
+    auto* c = new UcxClient(*ctx, *std::move(worker));
+    absl::Status s;
+    c->worker_->Run([&] {
+      ucp_am_handler_param_t hp{};
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      hp.id = ucx::kElementAm;
+      hp.cb = &UcxClient::OnReply;
+      hp.arg = c;
+      ucs_status_t st = ucp_worker_set_am_recv_handler(c->worker_->handle(), &hp);
+      if (st != UCS_OK) s = ucx::UcsError(st, "ucp_worker_set_am_recv_handler");
+    });
+    if (!s.ok()) {
+      error = new absl::Status(s);
+      return s;
+    }
+    client = c;
+    return client;
+  }
+
+  ucx::Worker* worker() { return worker_.get(); }
+
+  // Progress thread only.
+  uint64_t Register(std::shared_ptr<Pending> p) {
+    uint64_t id = next_id_++;
+    pending_[id] = std::move(p);
+    return id;
+  }
+  void Forget(uint64_t id) { pending_.erase(id); }
+
+ private:
+  UcxClient(std::shared_ptr<ucx::Context> ctx, std::unique_ptr<ucx::Worker> worker)
+      : pool_(ctx), worker_(std::move(worker)) {}
+
+  static void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r) {
+    p->Complete(std::move(r));
+  }
+
+  // The payload is in p->buffer: decode it in place.
+  static void Decode(const std::shared_ptr<Pending>& p) {
+    const uint8_t* data = p->buffer->mem->data();
+    auto decoded = DecodeFrame(data, p->frame_size, p->buffer);
+    if (!decoded.ok()) {
+      return Complete(p, absl::DataLossError(absl::StrCat("worker sent a bad element: ",
+                                                          decoded.status().message())));
+    }
+    ElementResult r;
+    r.element = std::move(decoded->element);
+    r.bytes = p->frame_size;
+    Counters().elements++;
+    Counters().bytes += static_cast<int64_t>(p->frame_size);
+    p->buffer.reset();  // the tensors hold it now
+    Complete(p, std::move(r));
+  }
+
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxClient*>(arg);
+    ucx::ReplyHeader h;
+    if (header_length < sizeof(h)) return UCS_OK;
+    std::memcpy(&h, header, sizeof(h));
+    auto it = self->pending_.find(h.request_id);
+    if (h.magic != ucx::kReplyMagic || it == self->pending_.end()) {
+      // Stale (the caller gave up) or malformed: drop it.
+      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_am_data_release(self->worker_->handle(), data);
+      }
+      return UCS_OK;
+    }
+    std::shared_ptr<Pending> p = std::move(it->second);
+    self->pending_.erase(it);
+    if (h.flags & ucx::kReplyError) {
+      size_t m = std::min<size_t>(h.message_len, header_length - sizeof(h));
+      std::string msg(static_cast<const char*>(header) + sizeof(h), m);
+      Complete(p, absl::Status(static_cast<absl::StatusCode>(h.code), msg));
+      return UCS_OK;
+    }
+    if (h.flags & (ucx::kReplyEndOfSequence | ucx::kReplyNotReady)) {
+      ElementResult r;
+      r.end_of_sequence = h.flags & ucx::kReplyEndOfSequence;
+      r.not_ready = h.flags & ucx::kReplyNotReady;
+      Complete(p, std::move(r));
+      return UCS_OK;
+    }
+    auto buffer = self->pool_.Acquire(length);
+    if (!buffer.ok()) {
+      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_am_data_release(self->worker_->handle(), data);
+      }
+      Complete(p, buffer.status());
+      return UCS_OK;
+    }
+    p->buffer = *std::move(buffer);
+    p->frame_size = length;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+      // Eager data (the worker did not use rendezvous): one copy, counted.
+      std::memcpy(p->buffer->mem->data(), data, length);
+      Counters().copied += static_cast<int64_t>(length);
+      Decode(p);
+      return UCS_OK;
+    }
+    struct Ctx {
+      std::shared_ptr<Pending> p;
+    };
+    auto* ctx = new Ctx{p};
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_MEMH;
+    rp.memh = p->buffer->mem->memh();
+    rp.user_data = ctx;
+    rp.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
+      std::unique_ptr<Ctx> c(static_cast<Ctx*>(user_data));
+      if (status == UCS_OK) {
+        Decode(c->p);
+      } else {
+        Complete(c->p, ucx::UcsError(status, "receiving an element"));
+      }
+      ucp_request_free(request);
+    };
+    ucs_status_ptr_t st =
+        ucp_am_recv_data_nbx(self->worker_->handle(), data, p->buffer->mem->data(), length, &rp);
+    if (st == nullptr) {  // completed in place
+      delete ctx;
+      Decode(p);
+    } else if (UCS_PTR_IS_ERR(st)) {
+      delete ctx;
+      Complete(p, ucx::UcsError(UCS_PTR_STATUS(st), "ucp_am_recv_data_nbx"));
+    }
+    return UCS_INPROGRESS;
+  }
+
+  SlotPool pool_;
+  std::unique_ptr<ucx::Worker> worker_;
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // progress thread only
+  uint64_t next_id_ = 1;                                 // progress thread only
+};
+
+class UcxElementTransport final : public ElementTransport {
+ public:
+  static absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const std::string& address) {
+    SLUICE_ASSIGN_OR_RETURN(UcxClient * client, UcxClient::Get());
+    sockaddr_storage ss;
+    socklen_t len;
+    absl::Status ps = ucx::ParseSockaddr(address, &ss, &len);
+    if (!ps.ok()) return ps;
+    std::unique_ptr<UcxElementTransport> t(new UcxElementTransport(client, address));
+    absl::Status status;
+    UcxElementTransport* raw = t.get();
+    client->worker()->Run([&] {
+      ucp_ep_params_t p{};
+      p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+      p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+      p.sockaddr.addrlen = len;
+      p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      p.err_handler.cb = &UcxElementTransport::OnError;
+      p.err_handler.arg = raw;
+      ucs_status_t s = ucp_ep_create(client->worker()->handle(), &p, &raw->ep_);
+      if (s != UCS_OK) status = ucx::UcsError(s, absl::StrCat("ucx connect to ", address));
+    });
+    if (!status.ok()) return status;
+    return std::unique_ptr<ElementTransport>(std::move(t));
+  }
+
+  ~UcxElementTransport() override {
+    Cancel();
+    UcxElementTransport* raw = this;
+    client_->worker()->Run([raw] {
+      if (raw->ep_ != nullptr) {
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t r = ucp_ep_close_nbx(raw->ep_, &p);
+        if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+        raw->ep_ = nullptr;
+      }
+      // Requests still registered complete as cancelled.
+      for (auto& [id, p] : raw->mine_) {
+        raw->client_->Forget(id);
+        p->Complete(absl::CancelledError("transport closed"));
+      }
+      raw->mine_.clear();
+    });
+  }
+
+  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override {
+    auto p = std::make_shared<Pending>();
+    {
+      absl::MutexLock l(&mu_);
+      if (cancelled_) return absl::CancelledError("transport cancelled");
+      waiting_.insert(p.get());
+    }
+    ucx::RequestHeader h{};
+    h.magic = ucx::kRequestMagic;
+    h.version = ucx::kProtocolVersion;
+    h.task_id = request.task_id;
+    h.consumer_index = request.consumer_index;
+    h.round = request.round;
+    h.wait_ms = absl::ToInt64Milliseconds(request.wait);
+    uint64_t id = 0;
+    UcxElementTransport* raw = this;
+    client_->worker()->Post([raw, p, h, &id]() mutable {
+      if (raw->ep_ == nullptr || !raw->error_.ok()) {
+        p->Complete(raw->error_.ok() ? absl::UnavailableError("endpoint closed") : raw->error_);
+        return;
+      }
+      h.request_id = raw->client_->Register(p);
+      raw->mine_[h.request_id] = p;
+      auto* hdr = new ucx::RequestHeader(h);
+      ucp_request_param_t rp{};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS;
+      rp.flags = UCP_AM_SEND_FLAG_REPLY;
+      rp.user_data = hdr;
+      rp.cb.send = [](void* req, ucs_status_t, void* user_data) {
+        delete static_cast<ucx::RequestHeader*>(user_data);
+        ucp_request_free(req);
+      };
+      ucs_status_ptr_t st =
+          ucp_am_send_nbx(raw->ep_, ucx::kGetElementAm, hdr, sizeof(*hdr), nullptr, 0, &rp);
+      if (st == nullptr) {
+        delete hdr;
+      } else if (UCS_PTR_IS_ERR(st)) {
+        delete hdr;
+        raw->client_->Forget(h.request_id);
+        raw->mine_.erase(h.request_id);
+        p->Complete(ucx::UcsError(UCS_PTR_STATUS(st), "sending a request"));
+      }
+    });
+    (void)id;
+    bool got = p->Wait(request.wait + absl::Seconds(30));
+    {
+      absl::MutexLock l(&mu_);
+      waiting_.erase(p.get());
+      if (cancelled_ && !got) return absl::CancelledError("transport cancelled");
+    }
+    if (!got) {
+      // Give up on it: a late reply is dropped by the AM handler.
+      client_->worker()->Post([raw, p] {
+        for (auto it = raw->mine_.begin(); it != raw->mine_.end(); ++it) {
+          if (it->second == p) {
+            raw->client_->Forget(it->first);
+            raw->mine_.erase(it);
+            break;
+          }
+        }
+      });
+      return absl::DeadlineExceededError(
+          absl::StrCat("no reply from worker ", address_, " over ucx"));
+    }
+    // Completed requests drop out of mine_ lazily.
+    client_->worker()->Post([raw, p] {
+      for (auto it = raw->mine_.begin(); it != raw->mine_.end(); ++it) {
+        if (it->second == p) {
+          raw->mine_.erase(it);
+          break;
+        }
+      }
+    });
+    return p->Take();
+  }
+
+  void Cancel() override {
+    absl::MutexLock l(&mu_);
+    cancelled_ = true;
+    for (Pending* p : waiting_) p->Complete(absl::CancelledError("transport cancelled"));
+  }
+
+  std::string protocol() const override { return "ucx"; }
+
+ private:
+  UcxElementTransport(UcxClient* client, std::string address)
+      : client_(client), address_(std::move(address)) {}
+
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* self = static_cast<UcxElementTransport*>(arg);
+    self->error_ = ucx::UcsError(status, absl::StrCat("ucx endpoint to ", self->address_));
+    // Fail every request in flight on this endpoint: a dead peer must not
+    // leave callers waiting.
+    for (auto& [id, p] : self->mine_) {
+      self->client_->Forget(id);
+      p->Complete(self->error_);
+    }
+    self->mine_.clear();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    self->ep_ = nullptr;
+  }
+
+  UcxClient* client_;
+  const std::string address_;
+  // Progress thread only:
+  ucp_ep_h ep_ = nullptr;
+  absl::Status error_;
+  std::map<uint64_t, std::shared_ptr<Pending>> mine_;
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<Pending*> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
+    const std::string& address) {
+  return UcxElementTransport::Connect(address);
+}
+
+}  // namespace internal
+
+TransportStats GetTransportStats() {
+  auto& c = internal::Counters();
+  TransportStats s;
+  s.ucx_elements_received = c.elements.load();
+  s.ucx_bytes_received = c.bytes.load();
+  s.client_payload_bytes_copied = c.copied.load();
+  s.dedicated_buffer_allocations = c.dedicated.load();
+  s.pool_buffers_in_use = c.in_use.load();
+  s.pool_high_water_mark = c.high_water.load();
+  return s;
+}
+
+}  // namespace sluice
