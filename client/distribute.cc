@@ -63,46 +63,6 @@ absl::Status Call(proto::DispatcherService::Stub* stub, Method method, const Req
   return internal::FromGrpcStatus(s, address);
 }
 
-// UCX first; if UCX fails before it ever delivered anything (it could not
-// connect), switch to gRPC for good, with a warning -- or fail, when
-// fallback is disabled. Later UCX errors pass through (the peer died).
-class FallbackTransport final : public ElementTransport {
- public:
-  FallbackTransport(std::unique_ptr<ElementTransport> ucx, std::unique_ptr<ElementTransport> grpc,
-                    std::string worker, bool allow)
-      : ucx_(std::move(ucx)), grpc_(std::move(grpc)), worker_(std::move(worker)), allow_(allow) {}
-
-  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override {
-    if (use_grpc_.load()) return grpc_->GetElement(request);
-    auto r = ucx_->GetElement(request);
-    if (r.ok()) {
-      worked_ = true;
-      return r;
-    }
-    bool transport_failure = absl::IsUnavailable(r.status()) ||
-                             absl::IsDeadlineExceeded(r.status());
-    if (!worked_.load() && transport_failure && allow_) {
-      if (!use_grpc_.exchange(true)) {
-        spdlog::warn("sluice client: UCX to worker {} failed ({}); falling back to gRPC",
-                     worker_, std::string(r.status().message()));
-      }
-      return grpc_->GetElement(request);
-    }
-    return r;
-  }
-  void Cancel() override {
-    ucx_->Cancel();
-    grpc_->Cancel();
-  }
-  std::string protocol() const override { return use_grpc_.load() ? "grpc" : "ucx"; }
-
- private:
-  std::unique_ptr<ElementTransport> ucx_, grpc_;
-  const std::string worker_;
-  const bool allow_;
-  std::atomic<bool> use_grpc_{false}, worked_{false};
-};
-
 class DataServiceIterator final : public Iterator {
  public:
   static absl::StatusOr<std::unique_ptr<Iterator>> Create(
@@ -218,8 +178,8 @@ class DataServiceIterator final : public Iterator {
                    info.worker_address(), std::string(u.status().message()));
       return grpc;
     }
-    return std::unique_ptr<ElementTransport>(new FallbackTransport(
-        *std::move(u), *std::move(grpc), info.worker_address(), !node_.no_grpc_fallback()));
+    return MakeFallbackTransport(*std::move(u), *std::move(grpc), info.worker_address(),
+                                 !node_.no_grpc_fallback());
   }
 
   bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

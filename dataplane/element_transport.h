@@ -51,6 +51,15 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
     const std::string& address);
 
+// `primary` (UCX) until it fails with Unavailable/DeadlineExceeded before
+// ever delivering a reply (it could not connect); then `fallback` (gRPC)
+// for good, with a warning naming `peer`. With allow_fallback = false the
+// primary's error is returned instead. Errors after a first success pass
+// through: the peer died, and switching paths would not help.
+std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementTransport> primary,
+                                                       std::unique_ptr<ElementTransport> fallback,
+                                                       std::string peer, bool allow_fallback);
+
 // Counters of the client data plane, process-wide.
 struct TransportStats {
   int64_t ucx_elements_received = 0;

@@ -1,5 +1,6 @@
 // The gRPC data path: one GetElement RPC per element; the response's frame
 // bytes are decoded in place (the Tensors view the received buffer).
+#include <atomic>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "sluice/control/grpc_util.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataplane/element_transport.h"
+#include "spdlog/spdlog.h"
 
 namespace sluice {
 namespace {
@@ -75,7 +77,59 @@ class GrpcElementTransport final : public ElementTransport {
   std::set<grpc::ClientContext*> active_ ABSL_GUARDED_BY(mu_);
 };
 
+// See MakeFallbackTransport.
+class FallbackTransport final : public ElementTransport {
+ public:
+  FallbackTransport(std::unique_ptr<ElementTransport> primary,
+                    std::unique_ptr<ElementTransport> fallback, std::string peer, bool allow)
+      : primary_(std::move(primary)), fallback_(std::move(fallback)), peer_(std::move(peer)),
+        allow_(allow) {}
+
+  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override {
+    if (switched_.load()) return fallback_->GetElement(request);
+    auto r = primary_->GetElement(request);
+    if (r.ok()) {
+      worked_ = true;
+      return r;
+    }
+    bool transport_failure =
+        absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status());
+    if (worked_.load() || !transport_failure) return r;
+    if (!allow_) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach worker ", peer_, " over ", primary_->protocol(),
+          " and fallback to ", fallback_->protocol(), " is disabled: ", r.status().message()));
+    }
+    if (!switched_.exchange(true)) {
+      spdlog::warn("sluice client: {} to worker {} failed ({}); falling back to {}",
+                   primary_->protocol(), peer_, std::string(r.status().message()),
+                   fallback_->protocol());
+    }
+    return fallback_->GetElement(request);
+  }
+  void Cancel() override {
+    primary_->Cancel();
+    fallback_->Cancel();
+  }
+  std::string protocol() const override {
+    return switched_.load() ? fallback_->protocol() : primary_->protocol();
+  }
+
+ private:
+  std::unique_ptr<ElementTransport> primary_, fallback_;
+  const std::string peer_;
+  const bool allow_;
+  std::atomic<bool> switched_{false}, worked_{false};
+};
+
 }  // namespace
+
+std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementTransport> primary,
+                                                       std::unique_ptr<ElementTransport> fallback,
+                                                       std::string peer, bool allow_fallback) {
+  return std::unique_ptr<ElementTransport>(new FallbackTransport(
+      std::move(primary), std::move(fallback), std::move(peer), allow_fallback));
+}
 
 namespace internal {
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(

@@ -8,10 +8,12 @@
 // slot's memh; the decoded Tensors view the slot, which returns to the pool
 // when the last of them is dropped.
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "sluice/core/frame.h"
@@ -44,8 +46,14 @@ class SlotPool {
   static constexpr size_t kMinSlotBytes = size_t{1} << 20;
   static constexpr size_t kMaxSlotBytes = size_t{64} << 20;
   static constexpr size_t kMaxPoolBytes = size_t{1} << 30;
+  static constexpr size_t kMinSlots = 4;
 
-  explicit SlotPool(std::shared_ptr<ucx::Context> ctx) : ctx_(std::move(ctx)) {}
+  // $SLUICE_UCX_POOL_BYTES caps the registered pool (default 1 GiB).
+  explicit SlotPool(std::shared_ptr<ucx::Context> ctx) : ctx_(std::move(ctx)) {
+    const char* v = std::getenv("SLUICE_UCX_POOL_BYTES");
+    uint64_t bytes = 0;
+    if (v != nullptr && absl::SimpleAtoi(v, &bytes) && bytes > 0) max_pool_bytes_ = bytes;
+  }
 
   struct Buffer {
     std::shared_ptr<ucx::Memory> mem;
@@ -56,31 +64,45 @@ class SlotPool {
   absl::StatusOr<std::shared_ptr<Buffer>> Acquire(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
     std::shared_ptr<ucx::Memory> mem;
     bool slot = false;
+    size_t alloc_size = bytes;
     {
       absl::MutexLock l(&mu_);
       if (bytes <= kMaxSlotBytes) {
-        if (bytes > slot_bytes_) {
-          size_t s = kMinSlotBytes;
-          while (s < bytes) s <<= 1;
+        size_t s = kMinSlotBytes;
+        while (s < bytes) s <<= 1;
+        // Grow the slot size only while the pool can still hold a few
+        // slots of the new size; rarer giants get dedicated buffers.
+        if (bytes > slot_bytes_ && s * kMinSlots <= max_pool_bytes_) {
           slot_bytes_ = s;
           // Retire free slots of the old size.
+          size_t before = free_.size();
           free_.erase(std::remove_if(free_.begin(), free_.end(),
                                      [&](const auto& m) { return m->size() < slot_bytes_; }),
                       free_.end());
+          allocated_ -= before - free_.size();
         }
-        if (!free_.empty()) {
+        if (bytes > slot_bytes_) {
+          // Too large for a slot: dedicated buffer below.
+        } else if (!free_.empty()) {
           mem = std::move(free_.back());
           free_.pop_back();
           slot = true;
-        } else if ((allocated_ + 1) * slot_bytes_ <= kMaxPoolBytes) {
+        } else if ((allocated_ + 1) * slot_bytes_ <= max_pool_bytes_) {
           slot = true;
           ++allocated_;
+          alloc_size = slot_bytes_;
         }
       }
     }
     if (mem == nullptr) {
-      auto m = ucx::Memory::Allocate(ctx_, slot ? slot_size() : bytes);
-      if (!m.ok()) return m.status();
+      auto m = ucx::Memory::Allocate(ctx_, alloc_size);
+      if (!m.ok()) {
+        if (slot) {
+          absl::MutexLock l(&mu_);
+          --allocated_;
+        }
+        return m.status();
+      }
       mem = *std::move(m);
       if (!slot) Counters().dedicated++;
     }
@@ -93,11 +115,6 @@ class SlotPool {
   }
 
  private:
-  size_t slot_size() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    return slot_bytes_;
-  }
-
   void Release(Buffer* b) ABSL_LOCKS_EXCLUDED(mu_) {
     --Counters().in_use;
     if (b->slot) {
@@ -112,6 +129,7 @@ class SlotPool {
   }
 
   std::shared_ptr<ucx::Context> ctx_;
+  size_t max_pool_bytes_ = kMaxPoolBytes;
   absl::Mutex mu_;
   size_t slot_bytes_ ABSL_GUARDED_BY(mu_) = kMinSlotBytes;
   size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
