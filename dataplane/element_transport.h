@@ -60,6 +60,11 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
                                                        std::unique_ptr<ElementTransport> fallback,
                                                        std::string peer, bool allow_fallback);
 
+// Caps the process's UCX receive pool (registered slots; default 1 GiB or
+// $SLUICE_UCX_POOL_BYTES). Elements that find no free slot get dedicated
+// buffers, counted in TransportStats. Takes effect for later allocations.
+absl::Status SetUcxReceivePoolBytes(size_t bytes);
+
 // Counters of the client data plane, process-wide.
 struct TransportStats {
   int64_t ucx_elements_received = 0;

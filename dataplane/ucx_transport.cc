@@ -27,6 +27,18 @@ namespace sluice {
 namespace internal {
 namespace {
 
+// The receive pool's cap: SetUcxReceivePoolBytes, else
+// $SLUICE_UCX_POOL_BYTES, else 1 GiB.
+std::atomic<size_t> g_pool_bytes{0};
+size_t MaxPoolBytes() {
+  size_t v = g_pool_bytes.load();
+  if (v != 0) return v;
+  const char* env = std::getenv("SLUICE_UCX_POOL_BYTES");
+  uint64_t bytes = 0;
+  if (env != nullptr && absl::SimpleAtoi(env, &bytes) && bytes > 0) return bytes;
+  return size_t{1} << 30;
+}
+
 struct UcxCounters {
   std::atomic<int64_t> elements{0}, bytes{0}, copied{0}, dedicated{0}, in_use{0}, high_water{0};
 };
@@ -45,15 +57,9 @@ class SlotPool {
  public:
   static constexpr size_t kMinSlotBytes = size_t{1} << 20;
   static constexpr size_t kMaxSlotBytes = size_t{64} << 20;
-  static constexpr size_t kMaxPoolBytes = size_t{1} << 30;
   static constexpr size_t kMinSlots = 4;
 
-  // $SLUICE_UCX_POOL_BYTES caps the registered pool (default 1 GiB).
-  explicit SlotPool(std::shared_ptr<ucx::Context> ctx) : ctx_(std::move(ctx)) {
-    const char* v = std::getenv("SLUICE_UCX_POOL_BYTES");
-    uint64_t bytes = 0;
-    if (v != nullptr && absl::SimpleAtoi(v, &bytes) && bytes > 0) max_pool_bytes_ = bytes;
-  }
+  explicit SlotPool(std::shared_ptr<ucx::Context> ctx) : ctx_(std::move(ctx)) {}
 
   struct Buffer {
     std::shared_ptr<ucx::Memory> mem;
@@ -72,7 +78,8 @@ class SlotPool {
         while (s < bytes) s <<= 1;
         // Grow the slot size only while the pool can still hold a few
         // slots of the new size; rarer giants get dedicated buffers.
-        if (bytes > slot_bytes_ && s * kMinSlots <= max_pool_bytes_) {
+        const size_t max_pool_bytes = MaxPoolBytes();
+        if (bytes > slot_bytes_ && s * kMinSlots <= max_pool_bytes) {
           slot_bytes_ = s;
           // Retire free slots of the old size.
           size_t before = free_.size();
@@ -87,7 +94,7 @@ class SlotPool {
           mem = std::move(free_.back());
           free_.pop_back();
           slot = true;
-        } else if ((allocated_ + 1) * slot_bytes_ <= max_pool_bytes_) {
+        } else if ((allocated_ + 1) * slot_bytes_ <= max_pool_bytes) {
           slot = true;
           ++allocated_;
           alloc_size = slot_bytes_;
@@ -129,7 +136,6 @@ class SlotPool {
   }
 
   std::shared_ptr<ucx::Context> ctx_;
-  size_t max_pool_bytes_ = kMaxPoolBytes;
   absl::Mutex mu_;
   size_t slot_bytes_ ABSL_GUARDED_BY(mu_) = kMinSlotBytes;
   size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
@@ -495,6 +501,14 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
 }
 
 }  // namespace internal
+
+absl::Status SetUcxReceivePoolBytes(size_t bytes) {
+  if (bytes < (size_t{1} << 20)) {
+    return absl::InvalidArgumentError("the UCX receive pool needs at least 1 MiB");
+  }
+  internal::g_pool_bytes.store(bytes);
+  return absl::OkStatus();
+}
 
 TransportStats GetTransportStats() {
   auto& c = internal::Counters();

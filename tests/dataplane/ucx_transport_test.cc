@@ -1,7 +1,7 @@
 // The UCX data plane on its own: a UcxElementServer fed by a fake element
 // source, and UCX transports reading from it. Run by ctest under
-// UCX_TLS=tcp and under shared memory, with a small receive pool
-// (SLUICE_UCX_POOL_BYTES) so pool exhaustion is reachable.
+// UCX_TLS=tcp and under shared memory, with a small receive pool so pool
+// exhaustion is reachable.
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -35,6 +35,8 @@ std::string Encode(const Element& e) {
 class UcxTransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // A 4 MiB pool (four 1 MiB slots), so exhaustion is reachable.
+    ASSERT_OK(SetUcxReceivePoolBytes(size_t{4} << 20));
     auto server = UcxElementServer::Start(
         "127.0.0.1:0", [this](const ElementRequest& r) { return Serve(r); }, 8);
     ASSERT_OK(server);
@@ -129,7 +131,7 @@ TEST_F(UcxTransportTest, ManyConcurrentRequests) {
 }
 
 TEST_F(UcxTransportTest, PoolExhaustionGetsDedicatedBuffersNotFailures) {
-  // ctest runs this binary with a 4 MiB pool: four 1 MiB slots.
+  // The fixture set a 4 MiB pool: four 1 MiB slots.
   for (int i = 0; i < 10; ++i) elements_.push_back({Pattern(200000, i)});
   TransportStats before = GetTransportStats();
   std::vector<Element> held;  // a slow consumer holding every element
