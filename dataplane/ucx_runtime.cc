@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <poll.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -144,6 +145,11 @@ void Worker::Loop() {
   // Drain what is still posted so completions and closes run.
   for (int i = 0; i < 100 && ucp_worker_progress(h_) != 0; ++i) {
   }
+}
+
+bool BusyPollFromEnv() {
+  const char* v = std::getenv("SLUICE_UCX_BUSY_POLL");
+  return v != nullptr && std::string(v) == "1";
 }
 
 absl::Status ParseSockaddr(const std::string& host_port, struct sockaddr_storage* out,

@@ -89,6 +89,9 @@ class Worker final {
   std::thread thread_;
 };
 
+// $SLUICE_UCX_BUSY_POLL=1 makes progress threads busy-poll.
+bool BusyPollFromEnv();
+
 // "host:port" -> sockaddr_storage (IPv4 or IPv6 literal, or a resolvable name).
 absl::Status ParseSockaddr(const std::string& host_port, struct sockaddr_storage* out,
                            socklen_t* len);

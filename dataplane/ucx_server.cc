@@ -171,7 +171,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
   if (!ps.ok()) return ps;
   auto ctx = ucx::Context::Get();
   if (!ctx.ok()) return ctx.status();
-  auto worker = ucx::Worker::Create(*ctx, /*busy_poll=*/false);
+  auto worker = ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv());
   if (!worker.ok()) return worker.status();
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);

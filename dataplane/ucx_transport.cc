@@ -182,7 +182,7 @@ class UcxClient {
     if (error != nullptr) return *error;
     auto ctx = ucx::Context::Get();
     absl::StatusOr<std::unique_ptr<ucx::Worker>> worker =
-        ctx.ok() ? ucx::Worker::Create(*ctx, /*busy_poll=*/false)
+        ctx.ok() ? ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv())
                  : absl::StatusOr<std::unique_ptr<ucx::Worker>>(ctx.status());
     if (!worker.ok()) {
       error = new absl::Status(worker.status());

@@ -17,10 +17,11 @@ int main(int argc, char** argv) {
   app.add_option("--bind_address", c.bind_address, "address to bind")->capture_default_str();
   app.add_option("--worker_address", c.worker_address,
                  "address advertised to clients (default: bind_address:port)");
-  app.add_option("--data_transfer_protocol", c.data_transfer_protocol, "grpc (ucx: coming)")
+  app.add_option("--data_transfer_protocol", c.data_transfer_protocol,
+                 "ucx (zero-copy; falls back to grpc if UCX cannot start) or grpc")
       ->capture_default_str();
   app.add_option("--data_transfer_address", c.data_transfer_address,
-                 "data-plane address when it differs from worker_address");
+                 "UCX listener host:port (default: bind_address, a free port)");
   app.add_option("--heartbeat_interval_ms", c.heartbeat_interval_ms, "heartbeat period")
       ->capture_default_str();
   app.add_option("--dispatcher_timeout_ms", c.dispatcher_timeout_ms,
