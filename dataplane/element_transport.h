@@ -75,6 +75,9 @@ struct TransportStats {
   int64_t dedicated_buffer_allocations = 0;
   int64_t pool_buffers_in_use = 0;
   int64_t pool_high_water_mark = 0;
+  // Frames that workers in this process encoded straight into registered
+  // (UCX send pool) memory.
+  int64_t worker_frames_in_registered_memory = 0;
 };
 TransportStats GetTransportStats();
 

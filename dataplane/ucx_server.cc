@@ -3,6 +3,7 @@
 // the ElementSource (which may block) and post the reply back.
 #include "sluice/dataplane/ucx_server.h"
 
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"
 #include "sluice/dataplane/ucx_runtime.h"
 #include "spdlog/spdlog.h"
@@ -19,8 +21,31 @@ namespace sluice::internal {
 using ucx::ReplyHeader;
 using ucx::RequestHeader;
 
+namespace {
+PoolStats& SendPoolStats() {
+  static PoolStats* s = new PoolStats();
+  return *s;
+}
+std::atomic<int64_t> g_registered_frames{0};
+size_t SendPoolBytes() { return size_t{512} << 20; }
+}  // namespace
+
+int64_t WorkerFramesRegistered() { return g_registered_frames.load(); }
+
+FrameAllocator HeapFrameAllocator() {
+  return [](size_t size) -> absl::StatusOr<FrameBuffer> {
+    auto mem = std::shared_ptr<uint8_t[]>(new uint8_t[size == 0 ? 1 : size]);
+    FrameBuffer f;
+    f.data = mem.get();
+    f.size = size;
+    f.owner = std::move(mem);
+    return f;
+  };
+}
+
 struct UcxElementServer::Impl {
   ElementSource source;
+  std::shared_ptr<SlotPool> send_pool;
   std::unique_ptr<ucx::Worker> worker;
   ucp_listener_h listener = nullptr;
   std::string address;
@@ -106,7 +131,7 @@ struct UcxElementServer::Impl {
       }
       auto r = source(job.request);
       auto reply = std::make_shared<std::string>(sizeof(ReplyHeader), '\0');
-      auto frame = std::make_shared<std::string>();
+      auto frame = std::make_shared<FrameBuffer>();
       ReplyHeader h{};
       h.magic = ucx::kReplyMagic;
       h.request_id = job.request_id;
@@ -122,7 +147,7 @@ struct UcxElementServer::Impl {
         h.flags = ucx::kReplyNotReady;
       } else {
         *frame = std::move(r->frame);
-        h.frame_size = frame->size();
+        h.frame_size = frame->size;
       }
       std::memcpy(reply->data(), &h, sizeof(h));
       ucp_ep_h ep = job.ep;
@@ -131,10 +156,11 @@ struct UcxElementServer::Impl {
   }
 
   // On the progress thread.
-  void Send(ucp_ep_h ep, std::shared_ptr<std::string> reply, std::shared_ptr<std::string> frame) {
+  void Send(ucp_ep_h ep, std::shared_ptr<std::string> reply, std::shared_ptr<FrameBuffer> frame) {
     if (!eps.count(ep)) return;  // the client disconnected meanwhile
     struct Holder {
-      std::shared_ptr<std::string> reply, frame;
+      std::shared_ptr<std::string> reply;
+      std::shared_ptr<FrameBuffer> frame;
     };
     auto* holder = new Holder{std::move(reply), std::move(frame)};
     ucp_request_param_t p{};
@@ -145,12 +171,16 @@ struct UcxElementServer::Impl {
       ucp_request_free(request);
     };
     p.user_data = holder;
+    const FrameBuffer& f = *holder->frame;
     // Rendezvous: the payload goes straight into the client's slot.
-    p.flags = holder->frame->empty() ? 0 : UCP_AM_SEND_FLAG_RNDV;
-    ucs_status_ptr_t st =
-        ucp_am_send_nbx(ep, ucx::kElementAm, holder->reply->data(), holder->reply->size(),
-                        holder->frame->empty() ? nullptr : holder->frame->data(),
-                        holder->frame->size(), &p);
+    p.flags = f.size == 0 ? 0 : UCP_AM_SEND_FLAG_RNDV;
+    if (f.memh != nullptr) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p.memh = static_cast<ucp_mem_h>(f.memh);
+    }
+    ucs_status_ptr_t st = ucp_am_send_nbx(ep, ucx::kElementAm, holder->reply->data(),
+                                          holder->reply->size(), f.size == 0 ? nullptr : f.data,
+                                          f.size, &p);
     if (st == nullptr) {
       delete holder;
     } else if (UCS_PTR_IS_ERR(st)) {
@@ -176,6 +206,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);
   impl->worker = *std::move(worker);
+  impl->send_pool = std::make_shared<SlotPool>(*ctx, &SendPoolBytes, &SendPoolStats());
   Impl* raw = impl.get();
   absl::Status status;
   impl->worker->Run([&] {
@@ -220,6 +251,21 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
 }
 
 std::string UcxElementServer::address() const { return impl_->address; }
+
+FrameAllocator UcxElementServer::frame_allocator() const {
+  std::shared_ptr<SlotPool> pool = impl_->send_pool;
+  return [pool](size_t size) -> absl::StatusOr<FrameBuffer> {
+    auto buf = pool->Acquire(size);
+    if (!buf.ok()) return buf.status();
+    FrameBuffer f;
+    f.data = (*buf)->mem->data();
+    f.size = size;
+    f.memh = (*buf)->mem->memh();
+    f.owner = *std::move(buf);
+    g_registered_frames++;
+    return f;
+  };
+}
 
 void UcxElementServer::Stop() {
   if (impl_ == nullptr || impl_->stopped) return;

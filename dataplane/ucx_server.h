@@ -12,8 +12,21 @@
 
 namespace sluice::internal {
 
+// One encoded element frame. When `memh` is set the bytes live in memory
+// registered with UCX (an opaque ucp_mem_h), so a rendezvous send needs no
+// registration and no packing copy. `owner` keeps the bytes alive.
+struct FrameBuffer {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  void* memh = nullptr;
+  std::shared_ptr<void> owner;
+};
+// Allocates a frame buffer of `size` bytes (may be called from any thread).
+using FrameAllocator = std::function<absl::StatusOr<FrameBuffer>(size_t size)>;
+FrameAllocator HeapFrameAllocator();
+
 struct ServedElement {
-  std::string frame;  // an encoded element when neither flag is set
+  FrameBuffer frame;  // an encoded element when neither flag is set
   bool end_of_sequence = false;
   bool not_ready = false;
 };
@@ -30,6 +43,9 @@ class UcxElementServer {
   ~UcxElementServer();
   // The bound "host:port" clients connect to.
   std::string address() const;
+  // Allocates frames in this server's registered send pool (slots reused
+  // once every reference to a frame is gone).
+  FrameAllocator frame_allocator() const;
   // Stops accepting, closes endpoints, joins every thread. Idempotent.
   void Stop();
 

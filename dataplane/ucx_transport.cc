@@ -19,6 +19,7 @@
 #include "sluice/core/frame.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"
 #include "sluice/dataplane/ucx_runtime.h"
 #include "spdlog/spdlog.h"
@@ -40,107 +41,13 @@ size_t MaxPoolBytes() {
 }
 
 struct UcxCounters {
-  std::atomic<int64_t> elements{0}, bytes{0}, copied{0}, dedicated{0}, in_use{0}, high_water{0};
+  std::atomic<int64_t> elements{0}, bytes{0}, copied{0};
+  PoolStats pool;
 };
 UcxCounters& Counters() {
   static UcxCounters* c = new UcxCounters();
   return *c;
 }
-
-// Preregistered receive slots. Slots are allocated (and registered) once,
-// lazily, up to max_slots; their size follows the largest payload seen (a
-// larger element raises the size; smaller old slots retire when returned).
-// A payload that finds no free slot, or exceeds kMaxSlotBytes, gets a
-// dedicated registered buffer (counted). Client memory stays bounded by the
-// requests in flight (max_outstanding_requests) plus what the user holds.
-class SlotPool {
- public:
-  static constexpr size_t kMinSlotBytes = size_t{1} << 20;
-  static constexpr size_t kMaxSlotBytes = size_t{64} << 20;
-  static constexpr size_t kMinSlots = 4;
-
-  explicit SlotPool(std::shared_ptr<ucx::Context> ctx) : ctx_(std::move(ctx)) {}
-
-  struct Buffer {
-    std::shared_ptr<ucx::Memory> mem;
-    bool slot = false;
-  };
-
-  // A buffer of at least `bytes`; the shared_ptr's deleter returns it.
-  absl::StatusOr<std::shared_ptr<Buffer>> Acquire(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::shared_ptr<ucx::Memory> mem;
-    bool slot = false;
-    size_t alloc_size = bytes;
-    {
-      absl::MutexLock l(&mu_);
-      if (bytes <= kMaxSlotBytes) {
-        size_t s = kMinSlotBytes;
-        while (s < bytes) s <<= 1;
-        // Grow the slot size only while the pool can still hold a few
-        // slots of the new size; rarer giants get dedicated buffers.
-        const size_t max_pool_bytes = MaxPoolBytes();
-        if (bytes > slot_bytes_ && s * kMinSlots <= max_pool_bytes) {
-          slot_bytes_ = s;
-          // Retire free slots of the old size.
-          size_t before = free_.size();
-          free_.erase(std::remove_if(free_.begin(), free_.end(),
-                                     [&](const auto& m) { return m->size() < slot_bytes_; }),
-                      free_.end());
-          allocated_ -= before - free_.size();
-        }
-        if (bytes > slot_bytes_) {
-          // Too large for a slot: dedicated buffer below.
-        } else if (!free_.empty()) {
-          mem = std::move(free_.back());
-          free_.pop_back();
-          slot = true;
-        } else if ((allocated_ + 1) * slot_bytes_ <= max_pool_bytes) {
-          slot = true;
-          ++allocated_;
-          alloc_size = slot_bytes_;
-        }
-      }
-    }
-    if (mem == nullptr) {
-      auto m = ucx::Memory::Allocate(ctx_, alloc_size);
-      if (!m.ok()) {
-        if (slot) {
-          absl::MutexLock l(&mu_);
-          --allocated_;
-        }
-        return m.status();
-      }
-      mem = *std::move(m);
-      if (!slot) Counters().dedicated++;
-    }
-    int64_t used = ++Counters().in_use;
-    int64_t hw = Counters().high_water.load();
-    while (used > hw && !Counters().high_water.compare_exchange_weak(hw, used)) {
-    }
-    auto* buf = new Buffer{std::move(mem), slot};
-    return std::shared_ptr<Buffer>(buf, [this](Buffer* b) { Release(b); });
-  }
-
- private:
-  void Release(Buffer* b) ABSL_LOCKS_EXCLUDED(mu_) {
-    --Counters().in_use;
-    if (b->slot) {
-      absl::MutexLock l(&mu_);
-      if (b->mem->size() >= slot_bytes_) {
-        free_.push_back(std::move(b->mem));
-      } else {
-        --allocated_;  // retired: smaller than the current slot size
-      }
-    }
-    delete b;
-  }
-
-  std::shared_ptr<ucx::Context> ctx_;
-  absl::Mutex mu_;
-  size_t slot_bytes_ ABSL_GUARDED_BY(mu_) = kMinSlotBytes;
-  size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::shared_ptr<ucx::Memory>> free_ ABSL_GUARDED_BY(mu_);
-};
 
 // A request waiting for its reply. Completed exactly once (the first of
 // reply, endpoint error, cancellation wins); any thread may complete it.
@@ -220,7 +127,8 @@ class UcxClient {
 
  private:
   UcxClient(std::shared_ptr<ucx::Context> ctx, std::unique_ptr<ucx::Worker> worker)
-      : pool_(ctx), worker_(std::move(worker)) {}
+      : pool_(std::make_shared<SlotPool>(ctx, &MaxPoolBytes, &Counters().pool)),
+        worker_(std::move(worker)) {}
 
   static void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r) {
     p->Complete(std::move(r));
@@ -272,7 +180,7 @@ class UcxClient {
       Complete(p, std::move(r));
       return UCS_OK;
     }
-    auto buffer = self->pool_.Acquire(length);
+    auto buffer = self->pool_->Acquire(length);
     if (!buffer.ok()) {
       if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         ucp_am_data_release(self->worker_->handle(), data);
@@ -319,7 +227,7 @@ class UcxClient {
     return UCS_INPROGRESS;
   }
 
-  SlotPool pool_;
+  std::shared_ptr<SlotPool> pool_;
   std::unique_ptr<ucx::Worker> worker_;
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // progress thread only
   uint64_t next_id_ = 1;                                 // progress thread only
@@ -516,9 +424,10 @@ TransportStats GetTransportStats() {
   s.ucx_elements_received = c.elements.load();
   s.ucx_bytes_received = c.bytes.load();
   s.client_payload_bytes_copied = c.copied.load();
-  s.dedicated_buffer_allocations = c.dedicated.load();
-  s.pool_buffers_in_use = c.in_use.load();
-  s.pool_high_water_mark = c.high_water.load();
+  s.dedicated_buffer_allocations = c.pool.dedicated.load();
+  s.pool_buffers_in_use = c.pool.in_use.load();
+  s.pool_high_water_mark = c.pool.high_water.load();
+  s.worker_frames_in_registered_memory = internal::WorkerFramesRegistered();
   return s;
 }
 

@@ -7,8 +7,10 @@
 
 namespace sluice::internal {
 
-TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements)
-    : def_(std::move(def)), capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_elements))) {
+TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator)
+    : def_(std::move(def)),
+      capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_elements))),
+      allocator_(std::move(allocator)) {
   producer_ = std::thread([this] { Produce(); });
 }
 
@@ -54,13 +56,12 @@ void TaskRunner::Produce() {
     }
     auto layout = ComputeFrameLayout(**e);
     if (!layout.ok()) return fail(layout.status());
-    std::string frame(layout->frame_size(), '\0');
-    absl::Status s = EncodeFrame(**e, 0,
-                                 absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(frame.data()),
-                                                     frame.size()));
+    auto frame = allocator_(layout->frame_size());
+    if (!frame.ok()) return fail(frame.status());
+    absl::Status s = EncodeFrame(**e, 0, absl::Span<uint8_t>(frame->data, frame->size));
     if (!s.ok()) return fail(s);
     absl::MutexLock l(&mu_);
-    buffer_.push_back(std::move(frame));
+    buffer_.push_back(*std::move(frame));
   }
 }
 

@@ -12,16 +12,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "control/service.pb.h"
+#include "sluice/dataplane/ucx_server.h"
 
 namespace sluice::internal {
 
 class TaskRunner {
  public:
-  TaskRunner(proto::TaskDef def, int64_t buffer_elements);
+  // Frames are encoded into buffers from `allocator` (registered memory on
+  // the UCX path).
+  TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator);
   ~TaskRunner();  // stops and joins the producer
 
   struct Next {
-    std::string frame;  // an encoded element (when neither flag is set)
+    FrameBuffer frame;  // an encoded element (when neither flag is set)
     bool end_of_sequence = false;
     bool not_ready = false;
   };
@@ -42,7 +45,8 @@ class TaskRunner {
   const proto::TaskDef def_;
   const size_t capacity_;
   absl::Mutex mu_;
-  std::deque<std::string> buffer_ ABSL_GUARDED_BY(mu_);
+  const FrameAllocator allocator_;
+  std::deque<FrameBuffer> buffer_ ABSL_GUARDED_BY(mu_);
   bool produced_all_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

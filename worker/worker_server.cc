@@ -118,7 +118,9 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     if (!served.ok()) return internal::ToGrpcStatus(served.status());
     resp->set_end_of_sequence(served->end_of_sequence);
     resp->set_not_ready(served->not_ready);
-    if (!served->frame.empty()) *resp->mutable_frame() = std::move(served->frame);
+    if (served->frame.data != nullptr) {
+      resp->set_frame(reinterpret_cast<const char*>(served->frame.data), served->frame.size);
+    }
     return grpc::Status::OK;
   }
 
@@ -162,7 +164,9 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       for (const auto& def : resp.new_tasks()) {
         if (tasks.count(def.task_id())) continue;
         tasks.emplace(def.task_id(),
-                      std::make_shared<TaskRunner>(def, config.task_buffer_elements));
+                      std::make_shared<TaskRunner>(def, config.task_buffer_elements,
+                                                   ucx ? ucx->frame_allocator()
+                                                       : internal::HeapFrameAllocator()));
       }
       for (int64_t id : resp.tasks_to_delete()) {
         auto it = tasks.find(id);

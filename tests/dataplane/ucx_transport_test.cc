@@ -25,10 +25,15 @@ Tensor Pattern(size_t bytes, uint8_t seed) {
   return Tensor::FromVector<uint8_t>(v);
 }
 
-std::string Encode(const Element& e) {
-  auto f = EncodeFrame(e);
-  EXPECT_TRUE(f.ok());
-  return std::string(reinterpret_cast<const char*>(f->data.get()), f->size);
+// Encodes into a buffer from `alloc`, as a worker's task runner does.
+absl::StatusOr<internal::FrameBuffer> Encode(const Element& e, const internal::FrameAllocator& alloc) {
+  auto layout = ComputeFrameLayout(e);
+  if (!layout.ok()) return layout.status();
+  auto f = alloc(layout->frame_size());
+  if (!f.ok()) return f.status();
+  absl::Status s = EncodeFrame(e, 0, absl::Span<uint8_t>(f->data, f->size));
+  if (!s.ok()) return s;
+  return f;
 }
 
 // task_id selects what the fake worker answers; elements_ holds them.
@@ -65,9 +70,14 @@ class UcxTransportTest : public ::testing::Test {
         release_.WaitForNotificationWithTimeout(absl::Seconds(30));
         out.not_ready = true;
         return out;
-      default:
-        out.frame = Encode(elements_.at(r.task_id));
+      default: {
+        // Even tasks: the server's registered send pool; odd: plain heap.
+        auto f = Encode(elements_.at(r.task_id), r.task_id % 2 == 0 ? server_->frame_allocator()
+                                                                   : internal::HeapFrameAllocator());
+        if (!f.ok()) return f.status();
+        out.frame = *std::move(f);
         return out;
+      }
     }
   }
 
@@ -103,6 +113,9 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
   // Rendezvous into registered slots: the client copied no payload.
   EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
   EXPECT_GT(after.ucx_bytes_received - before.ucx_bytes_received, int64_t{64} << 20);
+  // Half the frames were built in the worker's registered memory.
+  EXPECT_EQ(after.worker_frames_in_registered_memory - before.worker_frames_in_registered_memory,
+            static_cast<int64_t>((elements_.size() + 1) / 2));
 }
 
 TEST_F(UcxTransportTest, FlagsAndErrorsPassThrough) {

@@ -250,8 +250,12 @@ TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
   if (GetParam() == "ucx") {
     EXPECT_EQ(after.ucx_elements_received - before.ucx_elements_received, 2);
     EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
+    // The worker built both frames in its registered send pool.
+    EXPECT_EQ(after.worker_frames_in_registered_memory -
+                  before.worker_frames_in_registered_memory, 2);
   } else {
     EXPECT_EQ(after.ucx_elements_received, before.ucx_elements_received);
+    EXPECT_EQ(after.worker_frames_in_registered_memory, before.worker_frames_in_registered_memory);
   }
 }
 
