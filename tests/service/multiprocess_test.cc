@@ -39,6 +39,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "sluice/dataset/udf.h"
 #include "sluice/client/distribute.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
@@ -442,6 +443,47 @@ TEST_F(MultiProcessTest, WorkerKilledMidStreamDoesNotHangTheClient) {
   EXPECT_GE(static_cast<int64_t>(values.size()), kN);
   EXPECT_LT(static_cast<int64_t>(values.size()), 2 * kN);
   EXPECT_EQ(after.lost_tasks - before.lost_tasks, 1);
+}
+
+// A UDF the client has (it loaded the plugin) but the workers do not: the
+// pipeline fails to validate on the workers and the client's Next() says so
+// with InvalidArgument. Workers started with --plugin run it.
+TEST_F(MultiProcessTest, DatasetThatFailsToValidateOnTheWorkerIsInvalidArgument) {
+  ASSERT_OK(LoadPlugin(SLUICE_TEST_PLUGIN));
+  {
+    ASSERT_OK(StartCluster(1, {}, {}));
+    Watchdog watchdog(absl::Seconds(120), "validate-without-plugin", [this] { KillAllChildren(); });
+    DistributeOptions opt;
+    opt.service = ServiceTarget();
+    auto ds = Dataset::Range(4).Map(Udf("plugin_double")).Distribute(opt);
+    ASSERT_OK(ds.status());  // valid here: this process has the UDF
+    ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+    std::vector<int64_t> values;
+    absl::Status s = Drain(*it, &values);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("does not validate on the worker"));
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("plugin_double"));
+    watchdog.Disarm();
+  }
+  // A fresh cluster whose workers load the plugin (stale port files go).
+  KillAllChildren();
+  workers_.clear();
+  for (const char* f : {"dispatcher.port", "worker0.port", "worker1.port"}) {
+    std::filesystem::remove(scratch_.File(f));
+  }
+  ASSERT_OK(StartCluster(2, {}, {"--plugin", SLUICE_TEST_PLUGIN}));
+  Watchdog watchdog(absl::Seconds(120), "validate-with-plugin", [this] { KillAllChildren(); });
+  DistributeOptions opt;
+  opt.service = ServiceTarget();
+  auto ds = Dataset::Range(4).Map(Udf("plugin_double")).Distribute(opt);
+  std::vector<int64_t> values;
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+    ASSERT_OK(Drain(*it, &values));
+  }
+  watchdog.Disarm();
+  std::sort(values.begin(), values.end());
+  EXPECT_THAT(values, ElementsAreArray({0, 0, 2, 2, 4, 4, 6, 6}));
 }
 
 TEST_F(MultiProcessTest, WorkerCommandLine) {
