@@ -422,6 +422,19 @@ absl::Status CheckCast(absl::string_view op, const TypeInfo& a, DType to) {
 // Kernels
 // ---------------------------------------------------------------------------
 
+// The float nearest `v` toward zero, with its last mantissa bit set when
+// inexact ("round to odd"); NaN and infinities pass through.
+float RoundToOddFloat(long double v) {
+  if (std::isnan(v)) return std::numeric_limits<float>::quiet_NaN();
+  float f = static_cast<float>(v);
+  if (std::isinf(f) || static_cast<long double>(f) == v) return f;
+  // Step to the float on the zero side of v, then force the odd bit.
+  if (std::fabs(static_cast<long double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+  uint32_t bits = std::bit_cast<uint32_t>(f);
+  bits |= 1u;
+  return std::bit_cast<float>(bits);
+}
+
 absl::StatusOr<Tensor> CastTensor(const Tensor& in, DType to) {
   if (in.dtype() == to) return in;
   SLUICE_ASSIGN_OR_RETURN(Tensor out, Tensor::Allocate(to, in.shape()));
@@ -430,8 +443,18 @@ absl::StatusOr<Tensor> CastTensor(const Tensor& in, DType to) {
   uint8_t* dst = out.mutable_data();
   VisitNumeric(in.dtype(), [&]<typename From>() {
     VisitNumeric(to, [&]<typename To>() {
+      constexpr bool kToHalf = std::is_same_v<To, Float16> || std::is_same_v<To, BFloat16>;
+      constexpr bool kWideFrom =
+          std::is_same_v<From, double> || (std::is_integral_v<From> && sizeof(From) >= 4);
       for (int64_t i = 0; i < n; ++i) {
-        Store<To>(dst, i, ConvertValue<ComputeT<To>>(Load<From>(src, i)));
+        if constexpr (kToHalf && kWideFrom) {
+          // Exact in long double, then round-to-odd to float: the final
+          // float -> 16-bit rounding is then correctly rounded (no double
+          // rounding through float32).
+          Store<To>(dst, i, RoundToOddFloat(static_cast<long double>(Load<From>(src, i))));
+        } else {
+          Store<To>(dst, i, ConvertValue<ComputeT<To>>(Load<From>(src, i)));
+        }
       }
       return 0;
     });
@@ -540,7 +563,11 @@ absl::StatusOr<Tensor> BinaryKernel(absl::string_view op, int code, const Tensor
       });
     } else if (code == proto::MIN || code == proto::MAX) {
       loop([&](int64_t i, C x, C y) {
-        Store<T>(po, i, code == proto::MIN ? (y < x ? y : x) : (y > x ? y : x));
+        C r = code == proto::MIN ? (y < x ? y : x) : (y > x ? y : x);
+        if constexpr (std::is_floating_point_v<C>) {
+          if (std::isnan(x) || std::isnan(y)) r = std::numeric_limits<C>::quiet_NaN();
+        }
+        Store<T>(po, i, r);
       });
     } else if (code == proto::DIV || code == proto::MOD) {
       if constexpr (std::is_integral_v<C>) {

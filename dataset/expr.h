@@ -14,8 +14,9 @@
 //
 // Semantics: integer + - * wrap around (two's complement); integer / and %
 // truncate toward zero as in C++, and division by zero is an InvalidArgument
-// error at run time; float % is fmod. float16 and bfloat16 compute in float32
-// and round back. Comparisons yield bool; && || ! take bool.
+// error at run time; float % is fmod; Min/Max of a NaN is NaN. float16 and
+// bfloat16 compute in float32 and round back; casts to them from wider
+// types round once, correctly. Comparisons yield bool; && || ! take bool.
 #pragma once
 
 #include <cstdint>

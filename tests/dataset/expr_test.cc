@@ -1690,3 +1690,47 @@ TEST(SerializationTest, FingerprintsDifferWhenAConstantDiffers) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+using expr::x;
+
+// float64 1 + 2^-11 + 2^-40 is just above the float16 midpoint 1 + 2^-11:
+// it must round up to 1 + 2^-10 (via float32 it would tie and go to 1.0).
+TEST(CastRoundingTest, WideToHalfRoundsOnce) {
+  double v = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
+  Dataset ds = Dataset::FromTensors({{Tensor::Scalar<double>(v)}}).Map(x.Cast(DType::kFloat16));
+  auto out = sluice_test::Collect(ds);
+  ASSERT_OK(out);
+  EXPECT_EQ(static_cast<float>((*out)[0][0].at<Float16>(0)), 1.0f + std::ldexp(1.0f, -10));
+  // int32 2^24 + 2^16 + 1 is just above the bfloat16 midpoint 2^24 + 2^16.
+  int32_t w = (1 << 24) + (1 << 16) + 1;
+  Dataset di = Dataset::FromTensors({{Tensor::Scalar<int32_t>(w)}}).Map(x.Cast(DType::kBFloat16));
+  auto outi = sluice_test::Collect(di);
+  ASSERT_OK(outi);
+  EXPECT_EQ(static_cast<float>((*outi)[0][0].at<BFloat16>(0)),
+            static_cast<float>((1 << 24) + (1 << 17)));
+  // Exact values stay exact; NaN stays NaN.
+  Dataset de = Dataset::FromTensors({{Tensor::FromVector<double>({0.5, -2.0, std::nan("")})}})
+                   .Map(x.Cast(DType::kFloat16));
+  auto oute = sluice_test::Collect(de);
+  ASSERT_OK(oute);
+  EXPECT_EQ(static_cast<float>((*oute)[0][0].at<Float16>(0)), 0.5f);
+  EXPECT_EQ(static_cast<float>((*oute)[0][0].at<Float16>(1)), -2.0f);
+  EXPECT_TRUE(std::isnan(static_cast<float>((*oute)[0][0].at<Float16>(2))));
+}
+
+TEST(MinMaxNanTest, NanPropagatesWhicheverSideItIsOn) {
+  Dataset ds = Dataset::FromTensors(
+      {{Tensor::FromVector<float>({std::nanf(""), 1.0f}), Tensor::FromVector<float>({1.0f, std::nanf("")})}});
+  auto out = sluice_test::Collect(
+      ds.Map({expr::Min(x[0], x[1]), expr::Max(x[0], x[1]), expr::Min(x[1], x[0])}));
+  ASSERT_OK(out);
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 2; ++i) EXPECT_TRUE(std::isnan((*out)[0][c].at<float>(i))) << c << "," << i;
+  }
+}
+
+}  // namespace
+}  // namespace sluice
