@@ -60,9 +60,11 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
                                                        std::unique_ptr<ElementTransport> fallback,
                                                        std::string peer, bool allow_fallback);
 
-// Caps the process's UCX receive pool (registered slots; default 1 GiB or
-// $SLUICE_UCX_POOL_BYTES). Elements that find no free slot get dedicated
-// buffers, counted in TransportStats. Takes effect for later allocations.
+// Caps the process's UCX receive pool (registered arenas; default 1 GiB or
+// $SLUICE_UCX_POOL_BYTES). At the cap, UCX requests wait until the user
+// releases elements (backpressure); the replies already in flight, and
+// elements too large for an arena, get dedicated buffers (counted in
+// TransportStats). Takes effect for later allocations.
 absl::Status SetUcxReceivePoolBytes(size_t bytes);
 
 // Counters of the client data plane, process-wide.
@@ -78,6 +80,10 @@ struct TransportStats {
   // Frames that workers in this process encoded straight into registered
   // (UCX send pool) memory.
   int64_t worker_frames_in_registered_memory = 0;
+  // The client's receive pool: bytes registered, and whether it is at its
+  // cap (new requests then wait for the user to release elements).
+  int64_t receive_pool_registered_bytes = 0;
+  bool receive_pool_over_cap = false;
 };
 TransportStats GetTransportStats();
 

@@ -17,93 +17,128 @@ struct PoolStats {
   std::atomic<int64_t> dedicated{0}, in_use{0}, high_water{0};
 };
 
-// Preregistered slots (the client's receive pool, the worker's send pool). Slots are allocated (and registered) once,
-// lazily, up to max_slots; their size follows the largest payload seen (a
-// larger element raises the size; smaller old slots retire when returned).
-// A payload that finds no free slot, or exceeds kMaxSlotBytes, gets a
-// dedicated registered buffer (counted). Client memory stays bounded by the
-// requests in flight (max_outstanding_requests) plus what the user holds.
+// A pool of registered memory (the client's receive pool, the worker's
+// send pool). Memory is registered once, in arenas (8 MiB, or larger for
+// large elements); element buffers are carved out of an arena back to back
+// (64-byte aligned) and share its memh. An arena is reused once every buffer
+// carved from it is released. Memory use therefore follows the bytes held,
+// not the number of elements. Past the cap (`max_bytes`), or for a buffer
+// larger than kMaxArenaBytes, a buffer gets its own registration: counted
+// in PoolStats::dedicated, never a failure. Callers apply backpressure with
+// OverCap() before asking for more.
 class SlotPool : public std::enable_shared_from_this<SlotPool> {
  public:
-  static constexpr size_t kMinSlotBytes = size_t{1} << 20;
-  static constexpr size_t kMaxSlotBytes = size_t{64} << 20;
-  static constexpr size_t kMinSlots = 4;
+  static constexpr size_t kArenaBytes = size_t{8} << 20;
+  static constexpr size_t kMaxArenaBytes = size_t{256} << 20;
 
   // Always held by a shared_ptr: buffers keep their pool alive.
   // `max_bytes` is consulted on each allocation; `stats` outlives the pool.
   SlotPool(std::shared_ptr<ucx::Context> ctx, size_t (*max_bytes)(), PoolStats* stats)
       : ctx_(std::move(ctx)), max_bytes_(max_bytes), stats_(stats) {}
 
-  struct Buffer {
+  struct Arena {
     std::shared_ptr<ucx::Memory> mem;
-    bool slot = false;
+    size_t used = 0;   // bump offset
+    int64_t live = 0;  // buffers carved and not yet released
+  };
+  struct Buffer {
+    uint8_t* data = nullptr;
+    size_t size = 0;
+    ucp_mem_h memh = nullptr;
+    std::shared_ptr<ucx::Memory> own;  // dedicated registration, else null
+    Arena* arena = nullptr;
   };
 
   // A buffer of at least `bytes`; the shared_ptr's deleter returns it
   // (from any thread).
   absl::StatusOr<std::shared_ptr<Buffer>> Acquire(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::shared_ptr<ucx::Memory> mem;
-    bool slot = false;
-    size_t alloc_size = bytes;
+    const size_t need = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    auto* buf = new Buffer();
+    buf->size = bytes;
     {
       absl::MutexLock l(&mu_);
-      if (bytes <= kMaxSlotBytes) {
-        size_t s = kMinSlotBytes;
-        while (s < bytes) s <<= 1;
-        // Grow the slot size only while the pool can still hold a few
-        // slots of the new size; rarer giants get dedicated buffers.
-        const size_t max_pool_bytes = max_bytes_();
-        if (bytes > slot_bytes_ && s * kMinSlots <= max_pool_bytes) {
-          slot_bytes_ = s;
-          // Retire free slots of the old size.
-          size_t before = free_.size();
-          free_.erase(std::remove_if(free_.begin(), free_.end(),
-                                     [&](const auto& m) { return m->size() < slot_bytes_; }),
-                      free_.end());
-          allocated_ -= before - free_.size();
-        }
-        if (bytes > slot_bytes_) {
-          // Too large for a slot: dedicated buffer below.
-        } else if (!free_.empty()) {
-          mem = std::move(free_.back());
-          free_.pop_back();
-          slot = true;
-        } else if ((allocated_ + 1) * slot_bytes_ <= max_pool_bytes) {
-          slot = true;
-          ++allocated_;
-          alloc_size = slot_bytes_;
-        }
+      Arena* a = CarveLocked(need);
+      if (a != nullptr) {
+        buf->data = a->mem->data() + a->used;
+        buf->memh = a->mem->memh();
+        buf->arena = a;
+        a->used += need;
+        ++a->live;
       }
     }
-    if (mem == nullptr) {
-      auto m = ucx::Memory::Allocate(ctx_, alloc_size);
+    if (buf->arena == nullptr) {
+      auto m = ucx::Memory::Allocate(ctx_, need);
       if (!m.ok()) {
-        if (slot) {
-          absl::MutexLock l(&mu_);
-          --allocated_;
-        }
+        delete buf;
         return m.status();
       }
-      mem = *std::move(m);
-      if (!slot) stats_->dedicated++;
+      buf->own = *std::move(m);
+      buf->data = buf->own->data();
+      buf->memh = buf->own->memh();
+      stats_->dedicated++;
     }
     int64_t used = ++stats_->in_use;
     int64_t hw = stats_->high_water.load();
     while (used > hw && !stats_->high_water.compare_exchange_weak(hw, used)) {
     }
-    auto* buf = new Buffer{std::move(mem), slot};
     return std::shared_ptr<Buffer>(buf, [pool = shared_from_this()](Buffer* b) { pool->Release(b); });
   }
 
+  size_t registered_bytes() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return registered_;
+  }
+
+  // True while the registered bytes held reach the cap: hold off new
+  // requests until buffers are released.
+  bool OverCap() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return registered_ >= max_bytes_() && free_.empty() && !CurrentHasRoomLocked(64);
+  }
+
  private:
+  bool CurrentHasRoomLocked(size_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return current_ != nullptr && current_->used + need <= current_->mem->size();
+  }
+
+  // An arena with `need` bytes free at its end, or null (use a dedicated
+  // buffer).
+  Arena* CarveLocked(size_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (need > kMaxArenaBytes) return nullptr;
+    if (CurrentHasRoomLocked(need)) return current_;
+    // Retire the current arena (it is recycled when its last buffer goes).
+    if (current_ != nullptr && current_->live == 0) {
+      current_->used = 0;
+      free_.push_back(current_);
+    }
+    current_ = nullptr;
+    size_t want = std::max(kArenaBytes, need);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if ((*it)->mem->size() >= want) {
+        current_ = *it;
+        free_.erase(it);
+        return current_;
+      }
+    }
+    if (registered_ + want > max_bytes_()) return nullptr;
+    auto m = ucx::Memory::Allocate(ctx_, want);
+    if (!m.ok()) return nullptr;
+    arenas_.push_back(std::make_unique<Arena>());
+    Arena* a = arenas_.back().get();
+    a->mem = *std::move(m);
+    registered_ += want;
+    current_ = a;
+    return a;
+  }
+
   void Release(Buffer* b) ABSL_LOCKS_EXCLUDED(mu_) {
     --stats_->in_use;
-    if (b->slot) {
+    if (b->arena != nullptr) {
       absl::MutexLock l(&mu_);
-      if (b->mem->size() >= slot_bytes_) {
-        free_.push_back(std::move(b->mem));
-      } else {
-        --allocated_;  // retired: smaller than the current slot size
+      Arena* a = b->arena;
+      if (--a->live == 0 && a != current_) {
+        a->used = 0;
+        free_.push_back(a);
       }
     }
     delete b;
@@ -113,11 +148,11 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   size_t (*const max_bytes_)();
   PoolStats* const stats_;
   absl::Mutex mu_;
-  size_t slot_bytes_ ABSL_GUARDED_BY(mu_) = kMinSlotBytes;
-  size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::shared_ptr<ucx::Memory>> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
+  std::vector<Arena*> free_ ABSL_GUARDED_BY(mu_);  // no live buffers
+  Arena* current_ ABSL_GUARDED_BY(mu_) = nullptr;  // being carved
+  size_t registered_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
 
 // Frames workers encoded into registered memory (for tests and metrics).
 int64_t WorkerFramesRegistered();

@@ -258,9 +258,9 @@ FrameAllocator UcxElementServer::frame_allocator() const {
     auto buf = pool->Acquire(size);
     if (!buf.ok()) return buf.status();
     FrameBuffer f;
-    f.data = (*buf)->mem->data();
+    f.data = (*buf)->data;
     f.size = size;
-    f.memh = (*buf)->mem->memh();
+    f.memh = (*buf)->memh;
     f.owner = *std::move(buf);
     g_registered_frames++;
     return f;

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "sluice/core/frame.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
@@ -78,6 +79,9 @@ struct Pending {
   size_t frame_size = 0;
 };
 
+class UcxClient;
+extern std::atomic<UcxClient*> g_client;
+
 class UcxClient {
  public:
   static absl::StatusOr<UcxClient*> Get() {
@@ -112,10 +116,12 @@ class UcxClient {
       return s;
     }
     client = c;
+    g_client.store(c);
     return client;
   }
 
   ucx::Worker* worker() { return worker_.get(); }
+  SlotPool* pool() { return pool_.get(); }
 
   // Progress thread only.
   uint64_t Register(std::shared_ptr<Pending> p) {
@@ -136,7 +142,7 @@ class UcxClient {
 
   // The payload is in p->buffer: decode it in place.
   static void Decode(const std::shared_ptr<Pending>& p) {
-    const uint8_t* data = p->buffer->mem->data();
+    const uint8_t* data = p->buffer->data;
     auto decoded = DecodeFrame(data, p->frame_size, p->buffer);
     if (!decoded.ok()) {
       return Complete(p, absl::DataLossError(absl::StrCat("worker sent a bad element: ",
@@ -192,7 +198,7 @@ class UcxClient {
     p->frame_size = length;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
       // Eager data (the worker did not use rendezvous): one copy, counted.
-      std::memcpy(p->buffer->mem->data(), data, length);
+      std::memcpy(p->buffer->data, data, length);
       Counters().copied += static_cast<int64_t>(length);
       Decode(p);
       return UCS_OK;
@@ -204,7 +210,7 @@ class UcxClient {
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_MEMH;
-    rp.memh = p->buffer->mem->memh();
+    rp.memh = p->buffer->memh;
     rp.user_data = ctx;
     rp.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
       std::unique_ptr<Ctx> c(static_cast<Ctx*>(user_data));
@@ -216,7 +222,7 @@ class UcxClient {
       ucp_request_free(request);
     };
     ucs_status_ptr_t st =
-        ucp_am_recv_data_nbx(self->worker_->handle(), data, p->buffer->mem->data(), length, &rp);
+        ucp_am_recv_data_nbx(self->worker_->handle(), data, p->buffer->data, length, &rp);
     if (st == nullptr) {  // completed in place
       delete ctx;
       Decode(p);
@@ -232,6 +238,8 @@ class UcxClient {
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // progress thread only
   uint64_t next_id_ = 1;                                 // progress thread only
 };
+
+std::atomic<UcxClient*> g_client{nullptr};
 
 class UcxElementTransport final : public ElementTransport {
  public:
@@ -283,6 +291,15 @@ class UcxElementTransport final : public ElementTransport {
   }
 
   absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override {
+    // Backpressure: while the receive pool is at its cap (the user holds
+    // that much), wait for buffers to come back before asking for more.
+    while (client_->pool()->OverCap()) {
+      {
+        absl::MutexLock l(&mu_);
+        if (cancelled_) return absl::CancelledError("transport cancelled");
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
     auto p = std::make_shared<Pending>();
     {
       absl::MutexLock l(&mu_);
@@ -428,6 +445,10 @@ TransportStats GetTransportStats() {
   s.pool_buffers_in_use = c.pool.in_use.load();
   s.pool_high_water_mark = c.pool.high_water.load();
   s.worker_frames_in_registered_memory = internal::WorkerFramesRegistered();
+  if (internal::UcxClient* client = internal::g_client.load()) {
+    s.receive_pool_registered_bytes = static_cast<int64_t>(client->pool()->registered_bytes());
+    s.receive_pool_over_cap = client->pool()->OverCap();
+  }
   return s;
 }
 

@@ -40,8 +40,7 @@ absl::StatusOr<internal::FrameBuffer> Encode(const Element& e, const internal::F
 class UcxTransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // A 4 MiB pool (four 1 MiB slots), so exhaustion is reachable.
-    ASSERT_OK(SetUcxReceivePoolBytes(size_t{4} << 20));
+    ASSERT_OK(SetUcxReceivePoolBytes(size_t{64} << 20));
     auto server = UcxElementServer::Start(
         "127.0.0.1:0", [this](const ElementRequest& r) { return Serve(r); }, 8);
     ASSERT_OK(server);
@@ -143,27 +142,52 @@ TEST_F(UcxTransportTest, ManyConcurrentRequests) {
   EXPECT_EQ(ok.load(), 8 * 20);
 }
 
-TEST_F(UcxTransportTest, PoolExhaustionGetsDedicatedBuffersNotFailures) {
-  // The fixture set a 4 MiB pool: four 1 MiB slots.
-  for (int i = 0; i < 10; ++i) elements_.push_back({Pattern(200000, i)});
+TEST_F(UcxTransportTest, SmallElementsShareArenasInsteadOfOneRegistrationEach) {
+  elements_.push_back({Tensor::Scalar<int64_t>(7)});
   TransportStats before = GetTransportStats();
-  std::vector<Element> held;  // a slow consumer holding every element
-  for (int i = 0; i < 10; ++i) {
-    ASSERT_OK_AND_ASSIGN(ElementResult r, Get(i));
-    ASSERT_TRUE(ElementsEqual(r.element, elements_[i]));
+  std::vector<Element> held;
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_OK_AND_ASSIGN(ElementResult r, Get(0));
     held.push_back(std::move(r.element));
   }
-  TransportStats mid = GetTransportStats();
-  EXPECT_GE(mid.dedicated_buffer_allocations - before.dedicated_buffer_allocations, 6);
-  EXPECT_GE(mid.pool_high_water_mark, 10);
-  EXPECT_EQ(mid.pool_buffers_in_use - before.pool_buffers_in_use, 10);
-  for (int i = 0; i < 10; ++i) EXPECT_TRUE(ElementsEqual(held[i], elements_[i]));
-  held.clear();  // dropping the last view returns the slots
-  EXPECT_EQ(GetTransportStats().pool_buffers_in_use, before.pool_buffers_in_use);
-  // Slots are reused: the next elements need no new dedicated buffers.
+  TransportStats after = GetTransportStats();
+  EXPECT_EQ(after.dedicated_buffer_allocations, before.dedicated_buffer_allocations);
+  // 2000 small frames fit one 8 MiB arena: no new registrations beyond it.
+  EXPECT_LE(after.receive_pool_registered_bytes - before.receive_pool_registered_bytes,
+            int64_t{8} << 20);
+  for (const Element& e : held) EXPECT_EQ(e[0].at<int64_t>(0), 7);
+}
+
+TEST_F(UcxTransportTest, PoolAtItsCapAppliesBackpressureUntilTheConsumerReleases) {
+  // A slow consumer keeps every element; the pool fills up to its cap.
+  ASSERT_OK(SetUcxReceivePoolBytes(size_t{16} << 20));
+  elements_.push_back({Pattern(3 << 20, 1)});
+  std::vector<Element> held;
+  for (int i = 0; i < 200 && !GetTransportStats().receive_pool_over_cap; ++i) {
+    ASSERT_OK_AND_ASSIGN(ElementResult r, Get(0));
+    ASSERT_TRUE(ElementsEqual(r.element, elements_[0]));
+    held.push_back(std::move(r.element));
+  }
+  ASSERT_TRUE(GetTransportStats().receive_pool_over_cap);
   int64_t dedicated = GetTransportStats().dedicated_buffer_allocations;
-  for (int i = 0; i < 4; ++i) ASSERT_OK(Get(i));
+  // The next request waits: nothing is allocated behind the consumer's back.
+  auto fut = std::async(std::launch::async, [&] { return Get(0); });
+  EXPECT_EQ(fut.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
   EXPECT_EQ(GetTransportStats().dedicated_buffer_allocations, dedicated);
+  held.clear();  // the consumer catches up: buffers return, the request proceeds
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "hang";
+  ASSERT_OK_AND_ASSIGN(ElementResult r, fut.get());
+  EXPECT_TRUE(ElementsEqual(r.element, elements_[0]));
+  EXPECT_FALSE(GetTransportStats().receive_pool_over_cap);
+}
+
+TEST_F(UcxTransportTest, ElementLargerThanThePoolGetsADedicatedBuffer) {
+  ASSERT_OK(SetUcxReceivePoolBytes(size_t{16} << 20));
+  elements_.push_back({Pattern(40 << 20, 3)});
+  int64_t dedicated = GetTransportStats().dedicated_buffer_allocations;
+  ASSERT_OK_AND_ASSIGN(ElementResult r, Get(0));
+  EXPECT_TRUE(ElementsEqual(r.element, elements_[0]));
+  EXPECT_EQ(GetTransportStats().dedicated_buffer_allocations, dedicated + 1);
 }
 
 TEST_F(UcxTransportTest, DeadPeerFailsInFlightRequestsInsteadOfHanging) {
