@@ -15,3 +15,4 @@
 #include "sluice/control/dispatch_server.h"
 #include "sluice/worker/worker_server.h"
 #include "sluice/client/distribute.h"
+#include "sluice/topology/topology.h"

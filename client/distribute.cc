@@ -23,6 +23,7 @@
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset_internal.h"
+#include "sluice/topology/topology.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice {
@@ -70,6 +71,30 @@ class DataServiceIterator final : public Iterator {
     SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(node.service()));
     SLUICE_ASSIGN_OR_RETURN(proto::ProcessingMode mode,
                             internal::ParseProcessingMode(node.processing_mode()));
+    if (node.data_transfer_protocol() == "ucx") {
+      // Place this process's UCX receive pool and progress thread (the
+      // first UCX iterator decides; the decision is logged once).
+      PlacementConfig pc;
+      pc.numa_node = node.numa_node().empty() ? "auto" : node.numa_node();
+      pc.cpu_list = node.cpu_list();
+      pc.gpu_pci_bus_id = node.gpu_pci_bus_id();
+      auto hooks = MakeBindingHooks(pc);
+      if (!hooks.ok()) {
+        if (absl::IsInvalidArgument(hooks.status())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Distribute placement: ", hooks.status().message()));
+        }
+        spdlog::warn("sluice client: no topology ({}); UCX buffers stay unbound",
+                     std::string(hooks.status().message()));
+      } else {
+        DataPlanePlacement dp;
+        dp.allocate = hooks->allocate;
+        dp.verify = hooks->verify;
+        dp.on_progress_thread_start = hooks->bind_thread;
+        dp.description = hooks->description;
+        SetClientDataPlanePlacement(std::move(dp));
+      }
+    }
     std::unique_ptr<DataServiceIterator> it(new DataServiceIterator(node, address));
     const int64_t timeout = node.dispatcher_timeout_ms();
     std::string dataset_id = node.dataset_id();
@@ -437,6 +462,9 @@ proto::DatasetNode MakeNode(const DistributeOptions& o) {
   d->set_num_consumers(o.num_consumers.value_or(0));
   d->set_dispatcher_timeout_ms(o.dispatcher_timeout_ms);
   d->set_no_grpc_fallback(!o.fallback_to_grpc);
+  d->set_numa_node(o.numa_node);
+  d->set_cpu_list(o.cpu_list);
+  d->set_gpu_pci_bus_id(o.gpu_pci_bus_id);
   return n;
 }
 

@@ -46,6 +46,14 @@ struct DistributeOptions {
   // When UCX cannot connect to a worker, read it over gRPC (with a
   // warning) instead of failing.
   bool fallback_to_grpc = true;
+  // Placement of this process's UCX receive pool and progress thread (the
+  // first iterator that uses UCX decides; see topology/topology.h):
+  // "auto" = the NUMA node nearest the NIC UCX uses, or nearest
+  // gpu_pci_bus_id when set; "none"; or a node number. cpu_list overrides
+  // the cpus ("0-3,8").
+  std::string numa_node = "auto";
+  std::string cpu_list;
+  std::string gpu_pci_bus_id;
   // Coordinated reads (not available yet; setting them is an error).
   std::optional<int64_t> consumer_index;
   std::optional<int64_t> num_consumers;

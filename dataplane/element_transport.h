@@ -8,6 +8,7 @@
 // calls return Cancelled promptly.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -60,6 +61,25 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
                                                        std::unique_ptr<ElementTransport> fallback,
                                                        std::string peer, bool allow_fallback);
 
+// Where a UCX data plane (the client's, or a worker's) puts its registered
+// memory and its progress thread. Built by the client and worker modules
+// from the topology policy (topology/topology.h); empty members mean "let
+// UCX decide".
+struct DataPlanePlacement {
+  // Allocates memory to register (e.g. bound to a NUMA node, pages touched).
+  std::function<absl::StatusOr<std::shared_ptr<uint8_t>>(size_t)> allocate;
+  // True when [data, data+size) lives where intended (checked once per arena).
+  std::function<bool(const void*, size_t)> verify;
+  // Runs first on the progress thread (e.g. binds it to cpus).
+  std::function<void()> on_progress_thread_start;
+  std::string description;  // logged once
+};
+
+// Sets the client data plane's placement. Effective only before the first
+// UCX transport of the process is created (later calls are ignored with a
+// log line, since the pool already exists).
+void SetClientDataPlanePlacement(DataPlanePlacement placement);
+
 // Caps the process's UCX receive pool (registered arenas; default 1 GiB or
 // $SLUICE_UCX_POOL_BYTES). At the cap, UCX requests wait until the user
 // releases elements (backpressure); the replies already in flight, and
@@ -84,6 +104,10 @@ struct TransportStats {
   // cap (new requests then wait for the user to release elements).
   int64_t receive_pool_registered_bytes = 0;
   bool receive_pool_over_cap = false;
+  // Arenas (client and worker pools) whose pages were verified to be on the
+  // chosen NUMA node, and those found elsewhere.
+  int64_t pool_arenas_verified_on_node = 0;
+  int64_t pool_arenas_misplaced = 0;
 };
 TransportStats GetTransportStats();
 

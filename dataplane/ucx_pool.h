@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/ucx_runtime.h"
 
 namespace sluice::internal {
@@ -16,6 +17,10 @@ namespace sluice::internal {
 struct PoolStats {
   std::atomic<int64_t> dedicated{0}, in_use{0}, high_water{0};
 };
+
+// Arenas verified on (or found off) their intended NUMA node, process-wide.
+std::atomic<int64_t>& ArenasVerified();
+std::atomic<int64_t>& ArenasMisplaced();
 
 // A pool of registered memory (the client's receive pool, the worker's
 // send pool). Memory is registered once, in arenas (8 MiB, or larger for
@@ -33,8 +38,10 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
   // Always held by a shared_ptr: buffers keep their pool alive.
   // `max_bytes` is consulted on each allocation; `stats` outlives the pool.
-  SlotPool(std::shared_ptr<ucx::Context> ctx, size_t (*max_bytes)(), PoolStats* stats)
-      : ctx_(std::move(ctx)), max_bytes_(max_bytes), stats_(stats) {}
+  SlotPool(std::shared_ptr<ucx::Context> ctx, size_t (*max_bytes)(), PoolStats* stats,
+           DataPlanePlacement placement = {})
+      : ctx_(std::move(ctx)), max_bytes_(max_bytes), stats_(stats),
+        placement_(std::move(placement)) {}
 
   struct Arena {
     std::shared_ptr<ucx::Memory> mem;
@@ -121,7 +128,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
       }
     }
     if (registered_ + want > max_bytes_()) return nullptr;
-    auto m = ucx::Memory::Allocate(ctx_, want);
+    auto m = AllocateArena(want);
     if (!m.ok()) return nullptr;
     arenas_.push_back(std::make_unique<Arena>());
     Arena* a = arenas_.back().get();
@@ -129,6 +136,22 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
     registered_ += want;
     current_ = a;
     return a;
+  }
+
+  // Placement-aware: memory from placement_.allocate (bound to a node) is
+  // registered and its location verified once.
+  absl::StatusOr<std::shared_ptr<ucx::Memory>> AllocateArena(size_t bytes) {
+    if (!placement_.allocate) return ucx::Memory::Allocate(ctx_, bytes);
+    auto mem = placement_.allocate(bytes);
+    if (!mem.ok()) return mem.status();
+    if (placement_.verify) {
+      if (placement_.verify(mem->get(), bytes)) {
+        ArenasVerified()++;
+      } else {
+        ArenasMisplaced()++;
+      }
+    }
+    return ucx::Memory::Register(ctx_, *std::move(mem), bytes);
   }
 
   void Release(Buffer* b) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -147,6 +170,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   std::shared_ptr<ucx::Context> ctx_;
   size_t (*const max_bytes_)();
   PoolStats* const stats_;
+  const DataPlanePlacement placement_;
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
   std::vector<Arena*> free_ ABSL_GUARDED_BY(mu_);  // no live buffers

@@ -65,10 +65,26 @@ absl::StatusOr<std::shared_ptr<Memory>> Memory::Allocate(std::shared_ptr<Context
   return std::shared_ptr<Memory>(new Memory(std::move(ctx), memh, data, bytes));
 }
 
+absl::StatusOr<std::shared_ptr<Memory>> Memory::Register(std::shared_ptr<Context> ctx,
+                                                         std::shared_ptr<uint8_t> owner,
+                                                         size_t bytes) {
+  ucp_mem_map_params_t p{};
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  p.address = owner.get();
+  p.length = bytes;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(ctx->handle(), &p, &memh);
+  if (s != UCS_OK) return UcsError(s, absl::StrCat("ucp_mem_map (register) of ", bytes, " bytes"));
+  std::shared_ptr<Memory> m(new Memory(std::move(ctx), memh, owner.get(), bytes));
+  m->owner_ = std::move(owner);
+  return m;
+}
+
 Memory::~Memory() { ucp_mem_unmap(ctx_->handle(), memh_); }
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> ctx,
-                                                       bool busy_poll) {
+                                                       bool busy_poll,
+                                                       std::function<void()> on_start) {
   ucp_worker_params_t p{};
   p.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // Only the progress thread touches the worker; Post() hands work to it.
@@ -84,7 +100,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> 
   }
   std::unique_ptr<Worker> w(new Worker(std::move(ctx), h, efd, busy_poll));
   Worker* raw = w.get();
-  w->thread_ = std::thread([raw] { raw->Loop(); });
+  w->thread_ = std::thread([raw, on_start = std::move(on_start)] {
+    if (on_start) on_start();
+    raw->Loop();
+  });
   return w;
 }
 

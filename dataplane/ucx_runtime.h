@@ -44,6 +44,10 @@ class Memory final {
  public:
   static absl::StatusOr<std::shared_ptr<Memory>> Allocate(std::shared_ptr<Context> ctx,
                                                           size_t bytes);
+  // Registers memory the caller allocated (`owner` keeps it alive).
+  static absl::StatusOr<std::shared_ptr<Memory>> Register(std::shared_ptr<Context> ctx,
+                                                          std::shared_ptr<uint8_t> owner,
+                                                          size_t bytes);
   ~Memory();
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
@@ -53,6 +57,7 @@ class Memory final {
   Memory(std::shared_ptr<Context> ctx, ucp_mem_h memh, uint8_t* data, size_t size)
       : ctx_(std::move(ctx)), memh_(memh), data_(data), size_(size) {}
   std::shared_ptr<Context> ctx_;
+  std::shared_ptr<uint8_t> owner_;  // caller-allocated memory (Register)
   ucp_mem_h memh_;
   uint8_t* data_;
   size_t size_;
@@ -60,8 +65,10 @@ class Memory final {
 
 class Worker final {
  public:
+  // `on_start` (optional) runs first on the progress thread.
   static absl::StatusOr<std::unique_ptr<Worker>> Create(std::shared_ptr<Context> ctx,
-                                                        bool busy_poll);
+                                                        bool busy_poll,
+                                                        std::function<void()> on_start = {});
   ~Worker();  // stops and joins the progress thread, then destroys the worker
 
   // Runs `fn` on the progress thread (soon). Safe from any thread; after

@@ -32,6 +32,15 @@ size_t SendPoolBytes() { return size_t{512} << 20; }
 
 int64_t WorkerFramesRegistered() { return g_registered_frames.load(); }
 
+std::atomic<int64_t>& ArenasVerified() {
+  static std::atomic<int64_t> v{0};
+  return v;
+}
+std::atomic<int64_t>& ArenasMisplaced() {
+  static std::atomic<int64_t> v{0};
+  return v;
+}
+
 FrameAllocator HeapFrameAllocator() {
   return [](size_t size) -> absl::StatusOr<FrameBuffer> {
     auto mem = std::shared_ptr<uint8_t[]>(new uint8_t[size == 0 ? 1 : size]);
@@ -194,19 +203,22 @@ UcxElementServer::UcxElementServer(std::unique_ptr<Impl> impl) : impl_(std::move
 UcxElementServer::~UcxElementServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
-    const std::string& host_port, ElementSource source, int threads) {
+    const std::string& host_port, ElementSource source, int threads,
+    DataPlanePlacement placement) {
   sockaddr_storage ss;
   socklen_t len;
   absl::Status ps = ucx::ParseSockaddr(host_port, &ss, &len);
   if (!ps.ok()) return ps;
   auto ctx = ucx::Context::Get();
   if (!ctx.ok()) return ctx.status();
-  auto worker = ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv());
+  auto worker = ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv(),
+                                    placement.on_progress_thread_start);
   if (!worker.ok()) return worker.status();
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);
   impl->worker = *std::move(worker);
-  impl->send_pool = std::make_shared<SlotPool>(*ctx, &SendPoolBytes, &SendPoolStats());
+  impl->send_pool =
+      std::make_shared<SlotPool>(*ctx, &SendPoolBytes, &SendPoolStats(), std::move(placement));
   Impl* raw = impl.get();
   absl::Status status;
   impl->worker->Run([&] {

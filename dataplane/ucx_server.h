@@ -37,9 +37,10 @@ using ElementSource = std::function<absl::StatusOr<ServedElement>(const ElementR
 class UcxElementServer {
  public:
   // Listens on "host:port" (port 0 picks one).
-  static absl::StatusOr<std::unique_ptr<UcxElementServer>> Start(const std::string& host_port,
-                                                                 ElementSource source,
-                                                                 int threads = 4);
+  // `placement` binds the send pool and the progress thread.
+  static absl::StatusOr<std::unique_ptr<UcxElementServer>> Start(
+      const std::string& host_port, ElementSource source, int threads = 4,
+      DataPlanePlacement placement = {});
   ~UcxElementServer();
   // The bound "host:port" clients connect to.
   std::string address() const;

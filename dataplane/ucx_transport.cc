@@ -41,6 +41,10 @@ size_t MaxPoolBytes() {
   return size_t{1} << 30;
 }
 
+absl::Mutex g_placement_mu;
+DataPlanePlacement* g_placement ABSL_GUARDED_BY(g_placement_mu) = nullptr;
+bool g_client_created ABSL_GUARDED_BY(g_placement_mu) = false;
+
 struct UcxCounters {
   std::atomic<int64_t> elements{0}, bytes{0}, copied{0};
   PoolStats pool;
@@ -91,15 +95,25 @@ class UcxClient {
     absl::MutexLock l(&mu);
     if (client != nullptr) return client;
     if (error != nullptr) return *error;
+    DataPlanePlacement placement;
+    {
+      absl::MutexLock pl(&g_placement_mu);
+      if (g_placement != nullptr) placement = *g_placement;
+      g_client_created = true;
+    }
+    if (!placement.description.empty()) {
+      spdlog::info("sluice client data plane: {}", placement.description);
+    }
     auto ctx = ucx::Context::Get();
     absl::StatusOr<std::unique_ptr<ucx::Worker>> worker =
-        ctx.ok() ? ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv())
+        ctx.ok() ? ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv(),
+                                       placement.on_progress_thread_start)
                  : absl::StatusOr<std::unique_ptr<ucx::Worker>>(ctx.status());
     if (!worker.ok()) {
       error = new absl::Status(worker.status());
       return *error;
     }
-    auto* c = new UcxClient(*ctx, *std::move(worker));
+    auto* c = new UcxClient(*ctx, *std::move(worker), std::move(placement));
     absl::Status s;
     c->worker_->Run([&] {
       ucp_am_handler_param_t hp{};
@@ -132,8 +146,10 @@ class UcxClient {
   void Forget(uint64_t id) { pending_.erase(id); }
 
  private:
-  UcxClient(std::shared_ptr<ucx::Context> ctx, std::unique_ptr<ucx::Worker> worker)
-      : pool_(std::make_shared<SlotPool>(ctx, &MaxPoolBytes, &Counters().pool)),
+  UcxClient(std::shared_ptr<ucx::Context> ctx, std::unique_ptr<ucx::Worker> worker,
+            DataPlanePlacement placement)
+      : pool_(std::make_shared<SlotPool>(ctx, &MaxPoolBytes, &Counters().pool,
+                                         std::move(placement))),
         worker_(std::move(worker)) {}
 
   static void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r) {
@@ -427,6 +443,18 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
 
 }  // namespace internal
 
+void SetClientDataPlanePlacement(DataPlanePlacement placement) {
+  absl::MutexLock l(&internal::g_placement_mu);
+  if (internal::g_client_created) {
+    spdlog::info("sluice client data plane: placement already fixed; ignoring '{}'",
+                 placement.description);
+    return;
+  }
+  if (internal::g_placement == nullptr) {
+    internal::g_placement = new DataPlanePlacement(std::move(placement));
+  }
+}
+
 absl::Status SetUcxReceivePoolBytes(size_t bytes) {
   if (bytes < (size_t{1} << 20)) {
     return absl::InvalidArgumentError("the UCX receive pool needs at least 1 MiB");
@@ -445,6 +473,8 @@ TransportStats GetTransportStats() {
   s.pool_buffers_in_use = c.pool.in_use.load();
   s.pool_high_water_mark = c.pool.high_water.load();
   s.worker_frames_in_registered_memory = internal::WorkerFramesRegistered();
+  s.pool_arenas_verified_on_node = internal::ArenasVerified().load();
+  s.pool_arenas_misplaced = internal::ArenasMisplaced().load();
   if (internal::UcxClient* client = internal::g_client.load()) {
     s.receive_pool_registered_bytes = static_cast<int64_t>(client->pool()->registered_bytes());
     s.receive_pool_over_cap = client->pool()->OverCap();

@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
   app.add_option("--task_buffer_elements", c.task_buffer_elements,
                  "elements buffered per task ahead of clients")
       ->capture_default_str();
+  app.add_option("--numa_node", c.numa_node,
+                 "placement of task threads and UCX buffers: auto, none or a node number")
+      ->capture_default_str();
+  app.add_option("--cpu_list", c.cpu_list, "pin task threads to these cpus, e.g. 0-3,8");
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();

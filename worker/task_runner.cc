@@ -7,11 +7,15 @@
 
 namespace sluice::internal {
 
-TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator)
+TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator,
+                       std::function<void()> bind_thread)
     : def_(std::move(def)),
       capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_elements))),
       allocator_(std::move(allocator)) {
-  producer_ = std::thread([this] { Produce(); });
+  producer_ = std::thread([this, bind_thread = std::move(bind_thread)] {
+    if (bind_thread) bind_thread();
+    Produce();
+  });
 }
 
 TaskRunner::~TaskRunner() {

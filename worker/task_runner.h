@@ -20,7 +20,9 @@ class TaskRunner {
  public:
   // Frames are encoded into buffers from `allocator` (registered memory on
   // the UCX path).
-  TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator);
+  // `bind_thread` (optional) runs first on the producer thread.
+  TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator,
+             std::function<void()> bind_thread = {});
   ~TaskRunner();  // stops and joins the producer
 
   struct Next {

@@ -18,6 +18,7 @@
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/dataplane/ucx_server.h"
+#include "sluice/topology/topology.h"
 #include "sluice/worker/task_runner.h"
 #include "spdlog/spdlog.h"
 
@@ -32,6 +33,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<internal::UcxElementServer> ucx;  // null on the grpc data path
   std::string transfer_address, transfer_protocol;
+  DataPlanePlacement placement;       // UCX send pool + progress thread
+  std::function<void()> bind_thread;  // pins task producer threads
   std::unique_ptr<proto::DispatcherService::Stub> dispatcher;
   std::thread heartbeat;
   absl::Notification stopping;
@@ -166,7 +169,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
         tasks.emplace(def.task_id(),
                       std::make_shared<TaskRunner>(def, config.task_buffer_elements,
                                                    ucx ? ucx->frame_allocator()
-                                                       : internal::HeapFrameAllocator()));
+                                                       : internal::HeapFrameAllocator(),
+                                                   bind_thread));
       }
       for (int64_t id : resp.tasks_to_delete()) {
         auto it = tasks.find(id);
@@ -223,8 +227,26 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     if (!s.ok() && !absl::IsAlreadyExists(s)) return s;
     if (!s.ok()) spdlog::warn("worker: {}", std::string(s.message()));
   }
+  PlacementConfig pc;
+  pc.numa_node = config.numa_node;
+  pc.cpu_list = config.cpu_list;
+  auto hooks = MakeBindingHooks(pc);
+  if (!hooks.ok() && absl::IsInvalidArgument(hooks.status())) {
+    return absl::InvalidArgumentError(absl::StrCat("worker placement: ", hooks.status().message()));
+  }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  if (hooks.ok()) {
+    impl->bind_thread = hooks->bind_thread;
+    impl->placement.allocate = hooks->allocate;
+    impl->placement.verify = hooks->verify;
+    impl->placement.on_progress_thread_start = hooks->bind_thread;
+    impl->placement.description = hooks->description;
+    spdlog::info("worker: placement {}", hooks->description);
+  } else {
+    spdlog::warn("worker: no topology ({}); threads and buffers stay unbound",
+                 std::string(hooks.status().message()));
+  }
   grpc::ServerBuilder builder;
   internal::ConfigureServerBuilder(&builder);
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
@@ -247,7 +269,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                                  : config.data_transfer_address;
     Impl* self = impl.get();
     auto ucx = internal::UcxElementServer::Start(
-        listen_ucx, [self](const ElementRequest& r) { return self->Serve(r); }, 16);
+        listen_ucx, [self](const ElementRequest& r) { return self->Serve(r); }, 16,
+        impl->placement);
     if (ucx.ok()) {
       impl->ucx = *std::move(ucx);
       impl->transfer_protocol = "ucx";

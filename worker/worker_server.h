@@ -37,6 +37,11 @@ struct WorkerConfig {
   std::vector<std::string> plugins;
   // Elements buffered per task ahead of the clients (bounds memory).
   int64_t task_buffer_elements = 16;
+  // Placement of task threads, the UCX send pool and its progress thread:
+  // "auto" (the NUMA node nearest the NIC UCX uses), "none", or a node
+  // number; cpu_list overrides the cpus ("0-3,8"). Logged once at start.
+  std::string numa_node = "auto";
+  std::string cpu_list;
 };
 
 class WorkerServer {

@@ -1,5 +1,7 @@
 // The service's semantics, end to end, with an in-process dispatcher and
 // workers on loopback.
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <future>
@@ -11,6 +13,7 @@
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
+#include "sluice/dataset/udf.h"
 #include "sluice/worker/worker_server.h"
 #include "tests/dataset/dataset_test_util.h"
 
@@ -42,6 +45,17 @@ std::map<int64_t, int> Counts(const std::vector<int64_t>& v) {
 
 // The whole suite runs once per data transfer protocol (and ctest runs it
 // under UCX_TLS=tcp and under shared memory).
+// The cpus the calling thread may run on (a UDF runs on the worker's task
+// producer thread, so this shows that thread's pinning).
+absl::StatusOr<Element> ThreadCpuCount(const Element&) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return absl::InternalError("sched_getaffinity");
+  return Element{Tensor::Scalar<int64_t>(CPU_COUNT(&set)),
+                 Tensor::Scalar<int64_t>(CPU_ISSET(0, &set) ? 1 : 0)};
+}
+SLUICE_REGISTER_UDF(test_thread_cpus, ThreadCpuCount, {.num_inputs = 1});
+
 class ServiceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void StartDispatcher(DispatcherConfig dc = {}) {
@@ -55,11 +69,14 @@ class ServiceTest : public ::testing::TestWithParam<std::string> {
       wc.dispatcher_address = dispatcher_->address();
       wc.heartbeat_interval_ms = 200;
       wc.data_transfer_protocol = GetParam();
+      wc.cpu_list = worker_cpu_list_;
       auto w = WorkerServer::Start(wc);
       ASSERT_OK(w);
       workers_.push_back(*std::move(w));
     }
   }
+  std::string worker_cpu_list_;  // applied by StartWorkers
+
   void StartService(int workers, DispatcherConfig dc = {}) {
     StartDispatcher(dc);
     StartWorkers(workers);
@@ -253,6 +270,10 @@ TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
     // The worker built both frames in its registered send pool.
     EXPECT_EQ(after.worker_frames_in_registered_memory -
                   before.worker_frames_in_registered_memory, 2);
+    // Pools are bound to the NUMA node the topology policy chose, and the
+    // pages were verified to be there.
+    EXPECT_GT(after.pool_arenas_verified_on_node, 0);
+    EXPECT_EQ(after.pool_arenas_misplaced, 0);
   } else {
     EXPECT_EQ(after.ucx_elements_received, before.ucx_elements_received);
     EXPECT_EQ(after.worker_frames_in_registered_memory, before.worker_frames_in_registered_memory);
@@ -308,6 +329,19 @@ TEST_P(ServiceTest, BadOptionsAreInvalidArgument) {
   wc.dispatcher_address = "not an address";
   EXPECT_STATUS(WorkerServer::Start(wc), absl::StatusCode::kInvalidArgument,
                 "malformed service address");
+  wc.dispatcher_address = dispatcher_->address();
+  wc.numa_node = "99";
+  EXPECT_STATUS(WorkerServer::Start(wc), absl::StatusCode::kInvalidArgument,
+                "NUMA node 99 does not exist");
+  wc.numa_node = "auto";
+  wc.cpu_list = "5-2";
+  EXPECT_STATUS(WorkerServer::Start(wc), absl::StatusCode::kInvalidArgument, "bad cpu list");
+  if (GetParam() == "ucx") {
+    o = Options();
+    o.numa_node = "99";
+    EXPECT_STATUS(Dataset::Range(3).Distribute(o).MakeIterator(),
+                  absl::StatusCode::kInvalidArgument, "NUMA node 99 does not exist");
+  }
 }
 
 TEST_P(ServiceTest, RegisterDatasetAndFromDatasetId) {
@@ -364,6 +398,18 @@ TEST_P(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
   // The surviving worker delivered the whole dataset.
   ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
   EXPECT_EQ(GetDataServiceStats().lost_tasks, lost_before + 1);
+}
+
+TEST_P(ServiceTest, WorkerTaskThreadsArePinnedAsConfigured) {
+  worker_cpu_list_ = "0";
+  StartService(1);
+  ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
+                         return Collect(Dataset::Range(1).Map(Udf("test_thread_cpus"))
+                                            .Distribute(Options()));
+                       }));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0][0].at<int64_t>(0), 1);  // one cpu ...
+  EXPECT_EQ(out[0][1].at<int64_t>(0), 1);  // ... cpu 0
 }
 
 TEST_P(ServiceTest, StopReturnsWhileClientsAreMidStream) {
