@@ -3,6 +3,8 @@
 #include <hwloc.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -189,8 +191,18 @@ absl::StatusOr<std::shared_ptr<uint8_t>> Topology::AllocateOnNode(size_t bytes, 
   }
   hwloc_bitmap_t set = hwloc_bitmap_alloc();
   hwloc_bitmap_set(set, static_cast<unsigned>(node));
+  // Strict first: a binding the kernel refuses must not pass silently.
   void* p = hwloc_alloc_membind(impl_->handle->topo, bytes, set, HWLOC_MEMBIND_BIND,
-                                HWLOC_MEMBIND_BYNODESET);
+                                HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT);
+  if (p == nullptr) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      std::fprintf(stderr, "sluice: cannot bind memory to NUMA node %d strictly (%s); "
+                   "allocating with a non-strict binding\n", node, std::strerror(errno));
+    }
+    p = hwloc_alloc_membind(impl_->handle->topo, bytes, set, HWLOC_MEMBIND_BIND,
+                            HWLOC_MEMBIND_BYNODESET);
+  }
   hwloc_bitmap_free(set);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes,
