@@ -1,4 +1,5 @@
 #include "sluice/control/dispatcher_impl.h"
+#include "sluice/control/grpc_util.h"
 
 #include <algorithm>
 
@@ -23,17 +24,6 @@ std::string ProcessingModeName(proto::ProcessingMode mode) {
     case proto::DISTRIBUTED_EPOCH: return "distributed_epoch";
     default: return "unspecified";
   }
-}
-
-proto::StatusProto ToProto(const absl::Status& s) {
-  proto::StatusProto p;
-  p.set_code(static_cast<int>(s.code()));
-  p.set_message(std::string(s.message()));
-  return p;
-}
-
-absl::Status FromProto(const proto::StatusProto& p) {
-  return absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
 }
 
 DispatcherImpl::DispatcherImpl(DispatcherConfig config, Clock clock)

@@ -163,7 +163,5 @@ class DispatcherImpl {
 absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name);
 std::string ProcessingModeName(proto::ProcessingMode mode);
 
-proto::StatusProto ToProto(const absl::Status& s);
-absl::Status FromProto(const proto::StatusProto& p);
 
 }  // namespace sluice::internal

@@ -10,6 +10,17 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+proto::StatusProto ToProto(const absl::Status& s) {
+  proto::StatusProto p;
+  p.set_code(static_cast<int>(s.code()));
+  p.set_message(std::string(s.message()));
+  return p;
+}
+
+absl::Status FromProto(const proto::StatusProto& p) {
+  return absl::Status(static_cast<absl::StatusCode>(p.code()), p.message());
+}
+
 absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
   auto code = static_cast<absl::StatusCode>(s.error_code());

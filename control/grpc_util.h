@@ -8,11 +8,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "control/service.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace sluice::internal {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
+
+// A status carried inside a message (per-task and per-iteration errors).
+proto::StatusProto ToProto(const absl::Status& s);
+absl::Status FromProto(const proto::StatusProto& p);
 absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view what);
 
 // Accepts "grpc://host:port" or "host:port" (host may be a name, an IPv4

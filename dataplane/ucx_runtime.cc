@@ -166,6 +166,26 @@ void Worker::Loop() {
   }
 }
 
+absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb,
+                          void* arg) {
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = id;
+  hp.cb = cb;
+  hp.arg = arg;
+  ucs_status_t s = ucp_worker_set_am_recv_handler(worker, &hp);
+  return s == UCS_OK ? absl::OkStatus() : UcsError(s, "ucp_worker_set_am_recv_handler");
+}
+
+void CloseEndpointForce(ucp_ep_h ep) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+  if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+}
+
 bool BusyPollFromEnv() {
   const char* v = std::getenv("SLUICE_UCX_BUSY_POLL");
   return v != nullptr && std::string(v) == "1";

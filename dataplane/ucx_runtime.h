@@ -96,6 +96,11 @@ class Worker final {
   std::thread thread_;
 };
 
+// Progress thread only: installs an active-message handler on `worker`.
+absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg);
+// Progress thread only: closes `ep` at once (peer error handling mode).
+void CloseEndpointForce(ucp_ep_h ep);
+
 // $SLUICE_UCX_BUSY_POLL=1 makes progress threads busy-poll.
 bool BusyPollFromEnv();
 

@@ -74,13 +74,7 @@ struct UcxElementServer::Impl {
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* self = static_cast<Impl*>(arg);
     // A client went away: forget its endpoint (replies to it are dropped).
-    if (self->eps.erase(ep)) {
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
-    }
+    if (self->eps.erase(ep)) ucx::CloseEndpointForce(ep);
   }
 
   static void OnConnRequest(ucp_conn_request_h req, void* arg) {
@@ -222,24 +216,15 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
   Impl* raw = impl.get();
   absl::Status status;
   impl->worker->Run([&] {
-    ucp_am_handler_param_t hp{};
-    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    hp.id = ucx::kGetElementAm;
-    hp.cb = &Impl::OnRequest;
-    hp.arg = raw;
-    ucs_status_t s = ucp_worker_set_am_recv_handler(raw->worker->handle(), &hp);
-    if (s != UCS_OK) {
-      status = ucx::UcsError(s, "ucp_worker_set_am_recv_handler");
-      return;
-    }
+    status = ucx::SetAmHandler(raw->worker->handle(), ucx::kGetElementAm, &Impl::OnRequest, raw);
+    if (!status.ok()) return;
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
     lp.sockaddr.addrlen = len;
     lp.conn_handler.cb = &Impl::OnConnRequest;
     lp.conn_handler.arg = raw;
-    s = ucp_listener_create(raw->worker->handle(), &lp, &raw->listener);
+    ucs_status_t s = ucp_listener_create(raw->worker->handle(), &lp, &raw->listener);
     if (s != UCS_OK) {
       status = ucx::UcsError(s, absl::StrCat("ucp_listener_create on ", host_port,
                                              " (UCX_TLS must include tcp for connection setup)"));
@@ -289,13 +274,7 @@ void UcxElementServer::Stop() {
   for (auto& t : impl_->threads) t.join();
   Impl* raw = impl_.get();
   raw->worker->Run([raw] {
-    for (ucp_ep_h ep : raw->eps) {
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
-    }
+    for (ucp_ep_h ep : raw->eps) ucx::CloseEndpointForce(ep);
     raw->eps.clear();
     if (raw->listener != nullptr) ucp_listener_destroy(raw->listener);
     raw->listener = nullptr;

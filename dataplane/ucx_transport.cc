@@ -79,6 +79,7 @@ struct Pending {
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<ElementResult> result ABSL_GUARDED_BY(mu) = absl::UnknownError("no reply");
   // Progress thread only:
+  uint64_t id = 0;  // request id, once registered
   std::shared_ptr<SlotPool::Buffer> buffer;
   size_t frame_size = 0;
 };
@@ -116,14 +117,7 @@ class UcxClient {
     auto* c = new UcxClient(*ctx, *std::move(worker), std::move(placement));
     absl::Status s;
     c->worker_->Run([&] {
-      ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG;
-      hp.id = ucx::kElementAm;
-      hp.cb = &UcxClient::OnReply;
-      hp.arg = c;
-      ucs_status_t st = ucp_worker_set_am_recv_handler(c->worker_->handle(), &hp);
-      if (st != UCS_OK) s = ucx::UcsError(st, "ucp_worker_set_am_recv_handler");
+      s = ucx::SetAmHandler(c->worker_->handle(), ucx::kElementAm, &UcxClient::OnReply, c);
     });
     if (!s.ok()) {
       error = new absl::Status(s);
@@ -290,11 +284,7 @@ class UcxElementTransport final : public ElementTransport {
     UcxElementTransport* raw = this;
     client_->worker()->Run([raw] {
       if (raw->ep_ != nullptr) {
-        ucp_request_param_t p{};
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        ucs_status_ptr_t r = ucp_ep_close_nbx(raw->ep_, &p);
-        if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+        ucx::CloseEndpointForce(raw->ep_);
         raw->ep_ = nullptr;
       }
       // Requests still registered complete as cancelled.
@@ -329,14 +319,14 @@ class UcxElementTransport final : public ElementTransport {
     h.consumer_index = request.consumer_index;
     h.round = request.round;
     h.wait_ms = absl::ToInt64Milliseconds(request.wait);
-    uint64_t id = 0;
     UcxElementTransport* raw = this;
-    client_->worker()->Post([raw, p, h, &id]() mutable {
+    client_->worker()->Post([raw, p, h]() mutable {
       if (raw->ep_ == nullptr || !raw->error_.ok()) {
         p->Complete(raw->error_.ok() ? absl::UnavailableError("endpoint closed") : raw->error_);
         return;
       }
       h.request_id = raw->client_->Register(p);
+      p->id = h.request_id;
       raw->mine_[h.request_id] = p;
       auto* hdr = new ucx::RequestHeader(h);
       ucp_request_param_t rp{};
@@ -359,36 +349,24 @@ class UcxElementTransport final : public ElementTransport {
         p->Complete(ucx::UcsError(UCS_PTR_STATUS(st), "sending a request"));
       }
     });
-    (void)id;
     bool got = p->Wait(request.wait + absl::Seconds(30));
+    // This request is over for us either way: drop it from the maps (after
+    // its registration, which was posted first); a late reply finds nothing
+    // and is dropped by the AM handler.
+    client_->worker()->Post([raw, p] {
+      if (p->id == 0) return;
+      raw->mine_.erase(p->id);
+      raw->client_->Forget(p->id);
+    });
     {
       absl::MutexLock l(&mu_);
       waiting_.erase(p.get());
       if (cancelled_ && !got) return absl::CancelledError("transport cancelled");
     }
     if (!got) {
-      // Give up on it: a late reply is dropped by the AM handler.
-      client_->worker()->Post([raw, p] {
-        for (auto it = raw->mine_.begin(); it != raw->mine_.end(); ++it) {
-          if (it->second == p) {
-            raw->client_->Forget(it->first);
-            raw->mine_.erase(it);
-            break;
-          }
-        }
-      });
       return absl::DeadlineExceededError(
           absl::StrCat("no reply from worker ", address_, " over ucx"));
     }
-    // Completed requests drop out of mine_ lazily.
-    client_->worker()->Post([raw, p] {
-      for (auto it = raw->mine_.begin(); it != raw->mine_.end(); ++it) {
-        if (it->second == p) {
-          raw->mine_.erase(it);
-          break;
-        }
-      }
-    });
     return p->Take();
   }
 
@@ -414,11 +392,7 @@ class UcxElementTransport final : public ElementTransport {
       p->Complete(self->error_);
     }
     self->mine_.clear();
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    ucx::CloseEndpointForce(ep);
     self->ep_ = nullptr;
   }
 

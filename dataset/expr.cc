@@ -124,8 +124,7 @@ absl::StatusOr<Tensor> TensorFromProto(const proto::TensorProto& p) {
     return absl::InvalidArgumentError(absl::StrCat("tensor has invalid dtype ", p.dtype()));
   }
   SLUICE_ASSIGN_OR_RETURN(TensorShape shape, TensorShape::Make({p.dims().begin(), p.dims().end()}));
-  auto holder = std::make_shared<std::string>(p.content());
-  const std::string& bytes = *holder;
+  const std::string& bytes = p.content();
   // Copy into aligned storage so typed access is aligned.
   std::shared_ptr<uint8_t> mem = AllocateAligned(bytes.size());
   if (!bytes.empty()) std::memcpy(mem.get(), bytes.data(), bytes.size());

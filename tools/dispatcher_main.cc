@@ -36,21 +36,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();
 
-  sigset_t signals = sluice::tools::BlockTerminationSignals();
-  auto server = sluice::DispatchServer::Start(c);
-  if (!server.ok()) {
-    std::fprintf(stderr, "sluice-dispatcher: %s\n", server.status().ToString().c_str());
-    return 1;
-  }
-  std::printf("sluice-dispatcher: serving %s\n", (*server)->target().c_str());
-  std::fflush(stdout);
-  if (!port_file.empty() &&
-      !sluice::tools::WriteFileAtomically(port_file, std::to_string((*server)->port()))) {
-    std::fprintf(stderr, "sluice-dispatcher: cannot write %s\n", port_file.c_str());
-    return 1;
-  }
-  int sig = sluice::tools::WaitForTerminationSignal(signals);
-  std::printf("sluice-dispatcher: signal %d, stopping\n", sig);
-  (*server)->Stop();
-  return 0;
+  return sluice::tools::ServeUntilSignal("sluice-dispatcher", port_file,
+                                         [&] { return sluice::DispatchServer::Start(c); },
+                                         [](const auto& s) { return s.target(); });
 }

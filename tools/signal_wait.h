@@ -36,4 +36,28 @@ inline bool WriteFileAtomically(const std::string& path, const std::string& text
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
+// The life of a server binary: with SIGINT/SIGTERM blocked, `start()` the
+// server, announce `where(*server)`, write its port to `port_file` when
+// given, wait for a signal, Stop(). Returns the process exit code.
+template <typename StartFn, typename WhereFn>
+int ServeUntilSignal(const char* name, const std::string& port_file, StartFn start,
+                     WhereFn where) {
+  sigset_t signals = BlockTerminationSignals();
+  auto server = start();
+  if (!server.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s: serving %s\n", name, where(**server).c_str());
+  std::fflush(stdout);
+  if (!port_file.empty() && !WriteFileAtomically(port_file, std::to_string((*server)->port()))) {
+    std::fprintf(stderr, "%s: cannot write %s\n", name, port_file.c_str());
+    return 1;
+  }
+  int sig = WaitForTerminationSignal(signals);
+  std::printf("%s: signal %d, stopping\n", name, sig);
+  (*server)->Stop();
+  return 0;
+}
+
 }  // namespace sluice::tools

@@ -39,21 +39,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();
 
-  sigset_t signals = sluice::tools::BlockTerminationSignals();
-  auto server = sluice::WorkerServer::Start(c);
-  if (!server.ok()) {
-    std::fprintf(stderr, "sluice-worker: %s\n", server.status().ToString().c_str());
-    return 1;
-  }
-  std::printf("sluice-worker: serving %s\n", (*server)->address().c_str());
-  std::fflush(stdout);
-  if (!port_file.empty() &&
-      !sluice::tools::WriteFileAtomically(port_file, std::to_string((*server)->port()))) {
-    std::fprintf(stderr, "sluice-worker: cannot write %s\n", port_file.c_str());
-    return 1;
-  }
-  int sig = sluice::tools::WaitForTerminationSignal(signals);
-  std::printf("sluice-worker: signal %d, stopping\n", sig);
-  (*server)->Stop();
-  return 0;
+  return sluice::tools::ServeUntilSignal("sluice-worker", port_file,
+                                         [&] { return sluice::WorkerServer::Start(c); },
+                                         [](const auto& s) { return s.address(); });
 }

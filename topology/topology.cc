@@ -418,9 +418,9 @@ absl::StatusOr<BindingHooks> MakeBindingHooks(const PlacementConfig& config) {
   if (c.nic.empty() && c.gpu_pci_bus_id.empty() && (c.numa_node == "auto" || c.numa_node.empty())) {
     const char* env = std::getenv("UCX_NET_DEVICES");
     if (env != nullptr && *env != '\0' && std::string(env) != "all") {
-      std::string first = std::string(absl::StrSplit(env, ',').begin()->data(),
-                                      absl::StrSplit(env, ',').begin()->size());
-      std::string name = first.substr(0, first.find(':'));
+      // "mlx5_0:1,mlx5_1:1" -> "mlx5_0"
+      std::vector<std::string> devices = absl::StrSplit(env, ',');
+      std::string name = devices.front().substr(0, devices.front().find(':'));
       if (topo->FindDevice(name).ok()) c.nic = name;  // the NIC UCX was told to use
     }
   }

@@ -91,12 +91,12 @@ absl::StatusOr<TaskRunner::Next> TaskRunner::GetNext(absl::Duration wait) {
   return out;
 }
 
-bool TaskRunner::finished() {
+bool TaskRunner::finished() const {
   absl::MutexLock l(&mu_);
   return !error_.ok() || (produced_all_ && buffer_.empty());
 }
 
-absl::Status TaskRunner::error() {
+absl::Status TaskRunner::error() const {
   absl::MutexLock l(&mu_);
   return error_;
 }

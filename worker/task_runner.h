@@ -36,8 +36,8 @@ class TaskRunner {
 
   // True once the producer ended and every element was handed out, or the
   // task failed. Reported to the dispatcher as completed.
-  bool finished() ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status error() ABSL_LOCKS_EXCLUDED(mu_);
+  bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status error() const ABSL_LOCKS_EXCLUDED(mu_);
   const proto::TaskDef& def() const { return def_; }
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -46,7 +46,7 @@ class TaskRunner {
 
   const proto::TaskDef def_;
   const size_t capacity_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   const FrameAllocator allocator_;
   std::deque<FrameBuffer> buffer_ ABSL_GUARDED_BY(mu_);
   bool produced_all_ ABSL_GUARDED_BY(mu_) = false;

@@ -63,8 +63,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     auto* u = req.add_updates();
     u->set_task_id(task.def().task_id());
     u->set_completed(true);
-    absl::Status err = const_cast<TaskRunner&>(task).error();
-    if (!err.ok()) *u->mutable_error() = ToProtoStatus(err);
+    absl::Status err = task.error();
+    if (!err.ok()) *u->mutable_error() = internal::ToProto(err);
     grpc::ClientContext ctx;
     internal::SetTimeout(&ctx, absl::Seconds(2));
     proto::WorkerUpdateResponse resp;
@@ -73,13 +73,6 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       spdlog::warn("worker {}: WorkerUpdate failed ({}); the next heartbeat will retry", address,
                    s.error_message());
     }
-  }
-
-  static proto::StatusProto ToProtoStatus(const absl::Status& s) {
-    proto::StatusProto p;
-    p.set_code(static_cast<int>(s.code()));
-    p.set_message(std::string(s.message()));
-    return p;
   }
 
   // Answers one element request (both data paths use this).

@@ -3,6 +3,7 @@
 // proto requests; time comes from a fake clock the tests advance, and every
 // long poll is disabled (wait_ms = 0) except in LongPollsReturnEarlyOnChange.
 #include "sluice/control/dispatcher_impl.h"
+#include "sluice/control/grpc_util.h"
 
 #include <atomic>
 #include <cstdint>

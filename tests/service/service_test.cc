@@ -37,6 +37,23 @@ auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) 
   return fut.get();
 }
 
+// Reads `it` to the end (under a hang guard), appending int64 scalars;
+// an error fails the test.
+void DrainRest(Iterator& it, std::vector<int64_t>* got) {
+  WithHangGuard([&] {
+    while (true) {
+      auto e = it.Next();
+      if (!e.ok()) {
+        ADD_FAILURE() << e.status();
+        break;
+      }
+      if (!e->has_value()) break;
+      got->push_back((**e)[0].at<int64_t>(0));
+    }
+    return 0;
+  });
+}
+
 std::map<int64_t, int> Counts(const std::vector<int64_t>& v) {
   std::map<int64_t, int> m;
   for (int64_t x : v) ++m[x];
@@ -213,18 +230,7 @@ TEST_P(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
     got.push_back((**e)[0].at<int64_t>(0));
   }
   StartWorkers(1);
-  WithHangGuard([&] {
-    while (true) {
-      auto e = it->Next();
-      if (!e.ok()) {
-        ADD_FAILURE() << e.status();
-        break;
-      }
-      if (!e->has_value()) break;
-      got.push_back((**e)[0].at<int64_t>(0));
-    }
-    return 0;
-  });
+  DrainRest(*it, &got);
   auto counts = Counts(got);
   ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
   for (const auto& [v, n] : counts) ASSERT_EQ(n, 2) << "value " << v;
@@ -382,18 +388,7 @@ TEST_P(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
     got.push_back((**e)[0].at<int64_t>(0));
   }
   workers_[1]->Stop();  // dies mid-stream: no more heartbeats or elements
-  WithHangGuard([&] {
-    while (true) {
-      auto e = it->Next();
-      if (!e.ok()) {
-        ADD_FAILURE() << e.status();
-        break;
-      }
-      if (!e->has_value()) break;
-      got.push_back((**e)[0].at<int64_t>(0));
-    }
-    return 0;
-  });
+  DrainRest(*it, &got);
   auto counts = Counts(got);
   // The surviving worker delivered the whole dataset.
   ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
