@@ -15,4 +15,5 @@
 #include "sluice/control/dispatch_server.h"
 #include "sluice/worker/worker_server.h"
 #include "sluice/client/distribute.h"
+#include "sluice/dataplane/element_transport.h"  // TransportStats
 #include "sluice/topology/topology.h"

@@ -6,7 +6,9 @@
 //    iteration's tasks, lost tasks, failure and end;
 //  - min(max_outstanding_requests, kMaxFetchers) fetcher threads each keep
 //    one GetElement in flight, round-robin over readable tasks, so at most
-//    max_outstanding_requests elements are requested or buffered at once.
+//    max_outstanding_requests replies are requested or buffered at once. A
+//    UCX reply batches small elements that were ready together (at most
+//    kBatchElements, kBatchBytes of frames); a larger element comes alone.
 // Next() runs on the caller's thread and takes buffered elements.
 #include "sluice/client/distribute.h"
 
@@ -32,6 +34,8 @@ namespace {
 constexpr int64_t kMaxFetchers = 64;
 constexpr absl::Duration kHeartbeatWait = absl::Milliseconds(1000);
 constexpr absl::Duration kElementWait = absl::Milliseconds(500);
+constexpr int64_t kBatchElements = 256;
+constexpr int64_t kBatchBytes = int64_t{256} << 10;
 
 struct Counters {
   std::atomic<int64_t> elements{0}, bytes{0}, lost_tasks{0}, worker_errors{0}, started{0},
@@ -157,8 +161,12 @@ class DataServiceIterator final : public Iterator {
     };
     mu_.Await(absl::Condition(&ready));
     if (!results_.empty()) {
-      Element e = std::move(results_.front());
-      results_.pop_front();
+      std::vector<Element>& batch = results_.front();
+      Element e = std::move(batch[next_in_batch_++]);
+      if (next_in_batch_ == batch.size()) {
+        results_.pop_front();
+        next_in_batch_ = 0;
+      }
       return std::optional<Element>(std::move(e));
     }
     if (!error_.ok()) return error_;
@@ -347,6 +355,8 @@ class DataServiceIterator final : public Iterator {
       req.task_id = task_id;
       req.consumer_index = node_.consumer_index();
       req.wait = kElementWait;
+      req.max_elements = kBatchElements;
+      req.max_bytes = kBatchBytes;
       auto r = transport->GetElement(req);
       absl::MutexLock l(&mu_);
       --in_flight_;
@@ -358,11 +368,11 @@ class DataServiceIterator final : public Iterator {
         t.failures = 0;
         if (r->end_of_sequence) {
           t.end_of_sequence = true;
-        } else if (!r->not_ready) {
-          ++t.received;
-          GetCounters().elements++;
+        } else if (!r->not_ready && !r->elements.empty()) {
+          t.received += static_cast<int64_t>(r->elements.size());
+          GetCounters().elements += static_cast<int64_t>(r->elements.size());
           GetCounters().bytes += static_cast<int64_t>(r->bytes);
-          results_.push_back(std::move(r->element));
+          results_.push_back(std::move(r->elements));
         }
         continue;
       }
@@ -392,7 +402,10 @@ class DataServiceIterator final : public Iterator {
 
   absl::Mutex mu_;
   std::map<int64_t, Task> tasks_ ABSL_GUARDED_BY(mu_);
-  std::deque<Element> results_ ABSL_GUARDED_BY(mu_);
+  // Replies not yet fully consumed (each non-empty), and the position in
+  // the first.
+  std::deque<std::vector<Element>> results_ ABSL_GUARDED_BY(mu_);
+  size_t next_in_batch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rr_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;

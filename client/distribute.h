@@ -16,8 +16,10 @@
 //    iteration already read to the end yields end-of-input at once.
 //    Reusing a name with different parameters is InvalidArgument.
 //  - no job_name: each iterator is a private, anonymous job.
-//  - up to max_outstanding_requests element requests are in flight and at
-//    most that many elements are buffered, bounding client memory.
+//  - up to max_outstanding_requests element requests are in flight or
+//    buffered, bounding client memory. Over UCX one reply may carry up to
+//    256 small elements (256 KiB of frames) that were ready together;
+//    larger elements come one per reply (docs/dataplane.md).
 //  - a worker lost mid-stream does not hang the iterator: it finishes from
 //    the remaining workers, logs what was lost and counts it
 //    (DataServiceStats::lost_tasks).

@@ -56,44 +56,63 @@ absl::StatusOr<FrameLayout> ComputeFrameLayout(const Element& element) {
   return layout;
 }
 
-absl::Status EncodeFrame(const Element& element, uint16_t flags, absl::Span<uint8_t> out) {
+namespace {
+
+// Writes the header of `element`'s frame (layout.header_size bytes) and,
+// when `area` is not null, its payload area; both must be large enough.
+absl::Status EncodeFrameImpl(const Element& element, uint16_t flags, const FrameLayout& layout,
+                             uint8_t* p, uint8_t* area) {
   if (flags & ~(kFrameEndOfSequence | kFrameSkip)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown frame flags 0x", absl::Hex(flags)));
   }
-  auto layout = ComputeFrameLayout(element);
-  if (!layout.ok()) return layout.status();
-  if (out.size() < layout->frame_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("frame needs ", layout->frame_size(),
-                                                   " bytes; buffer has ", out.size()));
-  }
-  uint8_t* p = out.data();
-  std::memset(p, 0, layout->header_size);
+  std::memset(p, 0, layout.header_size);
   Put<uint32_t>(p + 0, kFrameMagic);
   Put<uint16_t>(p + 4, kFrameVersion);
   Put<uint16_t>(p + 6, flags);
   Put<uint32_t>(p + 8, static_cast<uint32_t>(element.size()));
-  Put<uint32_t>(p + 12, static_cast<uint32_t>(layout->header_size));
-  Put<uint64_t>(p + 16, layout->frame_size());
+  Put<uint32_t>(p + 12, static_cast<uint32_t>(layout.header_size));
+  Put<uint64_t>(p + 16, layout.frame_size());
   size_t desc = kFrameFixedHeaderSize;
   size_t payload = 0;
-  uint8_t* area = p + layout->header_size;
   for (const Tensor& t : element) {
     size_t off = AlignUp(payload);
-    if (off > payload) std::memset(area + payload, 0, off - payload);
+    if (area != nullptr && off > payload) std::memset(area + payload, 0, off - payload);
     uint8_t* d = p + desc;
     d[0] = static_cast<uint8_t>(t.dtype());
     d[1] = static_cast<uint8_t>(t.shape().rank());
     Put<uint64_t>(d + 8, off);
     Put<uint64_t>(d + 16, t.byte_size());
     for (int r = 0; r < t.shape().rank(); ++r) Put<int64_t>(d + 24 + 8 * r, t.shape().dim(r));
-    if (t.byte_size() > 0) std::memcpy(area + off, t.data(), t.byte_size());
+    if (area != nullptr && t.byte_size() > 0) std::memcpy(area + off, t.data(), t.byte_size());
     payload = off + t.byte_size();
     desc += DescriptorSize(t.shape().rank());
   }
-  if (layout->payload_size > payload) {
-    std::memset(area + payload, 0, layout->payload_size - payload);
+  if (area != nullptr && layout.payload_size > payload) {
+    std::memset(area + payload, 0, layout.payload_size - payload);
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EncodeFrame(const Element& element, uint16_t flags, absl::Span<uint8_t> out) {
+  auto layout = ComputeFrameLayout(element);
+  if (!layout.ok()) return layout.status();
+  if (out.size() < layout->frame_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("frame needs ", layout->frame_size(),
+                                                   " bytes; buffer has ", out.size()));
+  }
+  return EncodeFrameImpl(element, flags, *layout, out.data(), out.data() + layout->header_size);
+}
+
+absl::Status EncodeFrameHeader(const Element& element, uint16_t flags, absl::Span<uint8_t> out) {
+  auto layout = ComputeFrameLayout(element);
+  if (!layout.ok()) return layout.status();
+  if (out.size() < layout->header_size) {
+    return absl::InvalidArgumentError(absl::StrCat("frame header needs ", layout->header_size,
+                                                   " bytes; buffer has ", out.size()));
+  }
+  return EncodeFrameImpl(element, flags, *layout, out.data(), nullptr);
 }
 
 absl::StatusOr<OwnedFrame> EncodeFrame(const Element& element, uint16_t flags) {

@@ -75,6 +75,10 @@ absl::StatusOr<FrameLayout> ComputeFrameLayout(const Element& element);
 // Encodes into `out`, which must hold at least layout.frame_size() bytes.
 absl::Status EncodeFrame(const Element& element, uint16_t flags, absl::Span<uint8_t> out);
 
+// Encodes only the header (layout.header_size bytes) into `out`: the payload
+// area is written by someone else (e.g. received straight into place).
+absl::Status EncodeFrameHeader(const Element& element, uint16_t flags, absl::Span<uint8_t> out);
+
 // An encoded frame in memory it owns (64-byte aligned).
 struct OwnedFrame {
   std::shared_ptr<uint8_t> data;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -24,12 +25,19 @@ struct ElementRequest {
   int64_t round = -1;
   // How long the worker may hold the call waiting for an element.
   absl::Duration wait = absl::Milliseconds(500);
+  // Batching: the worker may answer with up to max_elements elements that
+  // are ready at once, as long as their frames total at most max_bytes (the
+  // first element is always sent, whatever its size). The worker never
+  // waits to fill a batch. Transports without batching (gRPC) answer one.
+  int64_t max_elements = 1;
+  int64_t max_bytes = 0;
 };
 
 struct ElementResult {
   bool end_of_sequence = false;
   bool not_ready = false;  // nothing yet; ask again
-  Element element;
+  // At least one element unless a flag is set, in the task's order.
+  std::vector<Element> elements;
   size_t bytes = 0;  // frame bytes received
 };
 
@@ -100,6 +108,11 @@ struct TransportStats {
   // Frames that workers in this process encoded straight into registered
   // (UCX send pool) memory.
   int64_t worker_frames_in_registered_memory = 0;
+  // Elements whose payload workers in this process sent over UCX straight
+  // from the tensor's own memory (no encoding copy: single-tensor elements
+  // of at least 64 KiB), and UCX replies that carried more than one element.
+  int64_t worker_zero_copy_payloads = 0;
+  int64_t worker_batched_replies = 0;
   // The client's receive pool: bytes registered, and whether it is at its
   // cap (new requests then wait for the user to release elements).
   int64_t receive_pool_registered_bytes = 0;

@@ -57,7 +57,7 @@ class GrpcElementTransport final : public ElementTransport {
       return absl::DataLossError(absl::StrCat("worker ", address_, " sent a bad element: ",
                                               decoded.status().message()));
     }
-    out.element = std::move(decoded->element);
+    out.elements.push_back(std::move(decoded->element));
     return out;
   }
 

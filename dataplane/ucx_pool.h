@@ -180,5 +180,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
 // Frames workers encoded into registered memory (for tests and metrics).
 int64_t WorkerFramesRegistered();
+int64_t WorkerZeroCopyPayloads();
+int64_t WorkerBatchedReplies();
 
 }  // namespace sluice::internal

@@ -1,33 +1,55 @@
-// The UCX element transfer protocol (active messages). Internal.
+// The UCX element transfer protocol (active messages), version 2. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
-// data; its header (48 bytes, little-endian):
-//   | offset | size | field                                  |
-//   |--------|------|----------------------------------------|
-//   | 0      | 4    | magic 'S' 'L' 'G' 'E'                  |
-//   | 4      | 4    | version (1)                            |
-//   | 8      | 8    | request_id (client-chosen, echoed)     |
-//   | 16     | 8    | task_id                                |
-//   | 24     | 8    | consumer_index (-1: none)              |
-//   | 32     | 8    | round (-1: none)                       |
-//   | 40     | 8    | wait_ms: how long the worker may wait  |
+// data; its header (56 bytes, little-endian):
+//   | offset | size | field                                            |
+//   |--------|------|--------------------------------------------------|
+//   | 0      | 4    | magic 'S' 'L' 'G' 'E'                            |
+//   | 4      | 4    | version (2)                                      |
+//   | 8      | 8    | request_id (client-chosen, echoed)               |
+//   | 16     | 8    | task_id                                          |
+//   | 24     | 8    | consumer_index (-1: none)                        |
+//   | 32     | 8    | round (-1: none)                                 |
+//   | 40     | 8    | wait_ms: how long the worker may wait            |
+//   | 48     | 4    | max_elements per reply (>= 1)                    |
+//   | 52     | 4    | max_bytes: frame bytes a batch may total         |
 //
-// Worker -> client: AM kElementAm on the reply endpoint; header (32 bytes
-// plus an optional error message):
+// Worker -> client: AM kElementAm on the reply endpoint; header (56 bytes)
+// followed by `inline_len` bytes:
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'E' 'L'                            |
 //   | 4      | 2    | flags: bit0 end_of_sequence, bit1 not_ready,     |
-//   |        |      |        bit2 error                                |
+//   |        |      | bit2 error, bit3 batch, bit4 split frame         |
 //   | 6      | 2    | reserved (0)                                     |
 //   | 8      | 8    | request_id                                       |
 //   | 16     | 4    | status code (absl::StatusCode) when bit2         |
-//   | 20     | 4    | message length m (<= 1024)                       |
-//   | 24     | 8    | frame size (bytes of data that follow)           |
-//   | 32     | m    | error message                                    |
-// The AM data is the whole element frame (core/frame.h), sent rendezvous
-// (UCP_AM_SEND_FLAG_RNDV) so that it lands directly in the client's
-// registered slot: the client decodes it in place.
+//   | 20     | 4    | inline_len: bytes after this header (<= 1024)    |
+//   | 24     | 8    | data_size: bytes of AM data                      |
+//   | 32     | 8    | split_id of the element (-1: none)               |
+//   | 40     | 8    | index of the element in its split (-1: none)     |
+//   | 48     | 8    | reserved (0)                                     |
+//   | 56     | m    | inline bytes: the error message (bit2) or the    |
+//   |        |      | frame header (bit4)                              |
+// The AM data is sent rendezvous (UCP_AM_SEND_FLAG_RNDV) so that it lands
+// directly in the client's registered buffer, and is one of:
+//  - no flag: one whole element frame (core/frame.h); the client decodes
+//    it in place.
+//  - bit4 (split frame): the payload area of one frame whose header came
+//    inline, sent from the worker's tensor memory without a copy. The
+//    client places the header in front of it (the header is 64-byte padded,
+//    so the payload stays aligned) and zero-fills the frame's trailing
+//    alignment padding (< 64 bytes), which is not sent.
+//  - bit3 (batch): several small frames, as a batch blob:
+//   | offset | size   | field                                          |
+//   |--------|--------|------------------------------------------------|
+//   | 0      | 4      | magic 'S' 'L' 'B' 'T'                          |
+//   | 4      | 4      | count n (2..kMaxBatchElements)                 |
+//   | 8      | 8      | reserved (0)                                   |
+//   | 16     | 32 * n | entries: offset (from the blob's start, 64-    |
+//   |        |        | byte aligned), frame size, split_id,           |
+//   |        |        | index in split (each 8 bytes)                  |
+//   | ...    |        | the frames at their offsets, in task order     |
 #pragma once
 
 #include <cstdint>
@@ -38,13 +60,17 @@ inline constexpr unsigned kGetElementAm = 11;
 inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
-inline constexpr uint32_t kProtocolVersion = 1;
-inline constexpr uint32_t kMaxErrorMessage = 1024;
+inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
+inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kMaxInline = 1024;
+inline constexpr uint32_t kMaxBatchElements = 1024;
 
 enum ReplyFlags : uint16_t {
   kReplyEndOfSequence = 1u << 0,
   kReplyNotReady = 1u << 1,
   kReplyError = 1u << 2,
+  kReplyBatch = 1u << 3,
+  kReplySplitFrame = 1u << 4,
 };
 
 struct RequestHeader {
@@ -55,8 +81,10 @@ struct RequestHeader {
   int64_t consumer_index;
   int64_t round;
   int64_t wait_ms;
+  uint32_t max_elements;
+  uint32_t max_bytes;
 };
-static_assert(sizeof(RequestHeader) == 48);
+static_assert(sizeof(RequestHeader) == 56);
 
 struct ReplyHeader {
   uint32_t magic;
@@ -64,9 +92,29 @@ struct ReplyHeader {
   uint16_t reserved;
   uint64_t request_id;
   uint32_t code;
-  uint32_t message_len;
-  uint64_t frame_size;
+  uint32_t inline_len;
+  uint64_t data_size;
+  int64_t split_id;
+  int64_t split_index;
+  uint64_t reserved2;
 };
-static_assert(sizeof(ReplyHeader) == 32);
+static_assert(sizeof(ReplyHeader) == 56);
+
+struct BatchHeader {
+  uint32_t magic;
+  uint32_t count;
+  uint64_t reserved;
+};
+static_assert(sizeof(BatchHeader) == 16);
+
+struct BatchEntry {
+  uint64_t offset;
+  uint64_t size;
+  int64_t split_id;
+  int64_t split_index;
+};
+static_assert(sizeof(BatchEntry) == 32);
+
+inline constexpr uint64_t AlignUp64(uint64_t v) { return (v + 63) / 64 * 64; }
 
 }  // namespace sluice::internal::ucx

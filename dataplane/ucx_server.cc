@@ -11,6 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "sluice/core/frame.h"
+#include "sluice/core/status.h"
 #include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"
 #include "sluice/dataplane/ucx_runtime.h"
@@ -27,10 +29,53 @@ PoolStats& SendPoolStats() {
   return *s;
 }
 std::atomic<int64_t> g_registered_frames{0};
+std::atomic<int64_t> g_zero_copy_payloads{0};
+std::atomic<int64_t> g_batched_replies{0};
 size_t SendPoolBytes() { return size_t{512} << 20; }
 }  // namespace
 
+void WriteFrame(const FrameBuffer& f, uint8_t* out) {
+  std::memcpy(out, f.data, f.size);
+  if (f.payload == nullptr) return;
+  std::memcpy(out + f.size, f.payload, f.payload_size);
+  std::memset(out + f.size + f.payload_size, 0, f.frame_size() - f.size - f.payload_size);
+}
+
 int64_t WorkerFramesRegistered() { return g_registered_frames.load(); }
+int64_t WorkerZeroCopyPayloads() { return g_zero_copy_payloads.load(); }
+int64_t WorkerBatchedReplies() { return g_batched_replies.load(); }
+
+size_t FrameBuffer::frame_size() const {
+  return payload == nullptr ? size : size + ucx::AlignUp64(payload_size);
+}
+
+absl::StatusOr<FrameBuffer> EncodeServedFrame(const Element& element,
+                                              const FrameAllocator& alloc) {
+  SLUICE_ASSIGN_OR_RETURN(FrameLayout layout, ComputeFrameLayout(element));
+  if (element.size() == 1 && element[0].byte_size() >= kZeroCopyPayloadBytes) {
+    // A split frame: the header here, the payload viewed in the tensor
+    // (which the holder keeps alive until the send completes).
+    struct Holder {
+      Element element;
+      std::vector<uint8_t> header;
+    };
+    auto holder = std::make_shared<Holder>();
+    holder->element = element;
+    holder->header.resize(layout.header_size);
+    SLUICE_RETURN_IF_ERROR(EncodeFrameHeader(element, 0, absl::MakeSpan(holder->header)));
+    FrameBuffer f;
+    f.data = holder->header.data();
+    f.size = holder->header.size();
+    f.payload = static_cast<const uint8_t*>(element[0].data());
+    f.payload_size = element[0].byte_size();
+    f.owner = std::move(holder);
+    return f;
+  }
+  SLUICE_ASSIGN_OR_RETURN(FrameBuffer f, alloc(layout.frame_size()));
+  SLUICE_RETURN_IF_ERROR(EncodeFrame(element, 0, absl::Span<uint8_t>(f.data, f.size)));
+  return f;
+}
+
 
 std::atomic<int64_t>& ArenasVerified() {
   static std::atomic<int64_t> v{0};
@@ -116,6 +161,9 @@ struct UcxElementServer::Impl {
     job.request.consumer_index = h.consumer_index;
     job.request.round = h.round;
     job.request.wait = absl::Milliseconds(std::clamp<int64_t>(h.wait_ms, 0, 10000));
+    job.request.max_elements =
+        std::clamp<int64_t>(h.max_elements, 1, ucx::kMaxBatchElements);
+    job.request.max_bytes = h.max_bytes;
     absl::MutexLock l(&self->mu);
     self->jobs.push_back(job);
     return UCS_OK;
@@ -133,57 +181,111 @@ struct UcxElementServer::Impl {
         jobs.pop_front();
       }
       auto r = source(job.request);
-      auto reply = std::make_shared<std::string>(sizeof(ReplyHeader), '\0');
-      auto frame = std::make_shared<FrameBuffer>();
+      auto out = std::make_shared<Outgoing>();
+      out->reply.resize(sizeof(ReplyHeader));
       ReplyHeader h{};
       h.magic = ucx::kReplyMagic;
       h.request_id = job.request_id;
+      h.split_id = -1;
+      h.split_index = -1;
       if (!r.ok()) {
         h.flags = ucx::kReplyError;
         h.code = static_cast<uint32_t>(r.status().code());
-        std::string msg(r.status().message().substr(0, ucx::kMaxErrorMessage));
-        h.message_len = static_cast<uint32_t>(msg.size());
-        reply->append(msg);
-      } else if (r->end_of_sequence) {
-        h.flags = ucx::kReplyEndOfSequence;
-      } else if (r->not_ready) {
-        h.flags = ucx::kReplyNotReady;
+        out->reply.append(std::string(r.status().message().substr(0, ucx::kMaxInline)));
+      } else if (r->frames.empty()) {
+        h.flags = r->end_of_sequence ? ucx::kReplyEndOfSequence : ucx::kReplyNotReady;
+      } else if (r->frames.size() == 1) {
+        FrameBuffer& f = r->frames[0];
+        if (f.payload != nullptr) {
+          h.flags = ucx::kReplySplitFrame;
+          out->reply.append(reinterpret_cast<const char*>(f.data), f.size);
+          out->data = f.payload;
+          out->size = f.payload_size;
+          g_zero_copy_payloads++;
+        } else {
+          out->data = f.data;
+          out->size = f.size;
+          out->memh = f.memh;
+        }
+        out->frames = std::move(r->frames);
       } else {
-        *frame = std::move(r->frame);
-        h.frame_size = frame->size;
+        absl::Status s = PackBatch(r->frames, out.get());
+        if (s.ok()) {
+          h.flags = ucx::kReplyBatch;
+          g_batched_replies++;
+        } else {
+          h.flags = ucx::kReplyError;
+          h.code = static_cast<uint32_t>(s.code());
+          out->reply.append(std::string(s.message().substr(0, ucx::kMaxInline)));
+        }
       }
-      std::memcpy(reply->data(), &h, sizeof(h));
+      h.inline_len = static_cast<uint32_t>(out->reply.size() - sizeof(h));
+      h.data_size = out->size;
+      std::memcpy(out->reply.data(), &h, sizeof(h));
       ucp_ep_h ep = job.ep;
-      worker->Post([this, ep, reply, frame] { Send(ep, reply, frame); });
+      worker->Post([this, ep, out] { Send(ep, out); });
     }
   }
 
+  // A reply on its way: the AM header and what keeps the data alive.
+  struct Outgoing {
+    std::string reply;
+    std::vector<FrameBuffer> frames;
+    std::shared_ptr<SlotPool::Buffer> blob;  // a packed batch
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    void* memh = nullptr;
+  };
+
+  // Packs several frames into one registered blob (see ucx_protocol.h).
+  // The frames are small (batches hold only elements below
+  // kZeroCopyPayloadBytes), so this copy is cheap next to a round trip each.
+  absl::Status PackBatch(const std::vector<FrameBuffer>& frames, Outgoing* out) {
+    const size_t n = frames.size();
+    if (n > ucx::kMaxBatchElements) {
+      return absl::InternalError(absl::StrCat("a batch of ", n, " elements exceeds the maximum ",
+                                              ucx::kMaxBatchElements));
+    }
+    size_t total = ucx::AlignUp64(sizeof(ucx::BatchHeader) + n * sizeof(ucx::BatchEntry));
+    std::vector<ucx::BatchEntry> entries(n);
+    for (size_t i = 0; i < n; ++i) {
+      entries[i] = {total, frames[i].frame_size(), -1, -1};
+      total += ucx::AlignUp64(frames[i].frame_size());
+    }
+    SLUICE_ASSIGN_OR_RETURN(out->blob, send_pool->Acquire(total));
+    uint8_t* p = out->blob->data;
+    std::memset(p, 0, entries[0].offset);
+    ucx::BatchHeader bh{ucx::kBatchMagic, static_cast<uint32_t>(n), 0};
+    std::memcpy(p, &bh, sizeof(bh));
+    std::memcpy(p + sizeof(bh), entries.data(), n * sizeof(ucx::BatchEntry));
+    for (size_t i = 0; i < n; ++i) WriteFrame(frames[i], p + entries[i].offset);
+    out->data = p;
+    out->size = total;
+    out->memh = out->blob->memh;
+    return absl::OkStatus();
+  }
+
   // On the progress thread.
-  void Send(ucp_ep_h ep, std::shared_ptr<std::string> reply, std::shared_ptr<FrameBuffer> frame) {
+  void Send(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
     if (!eps.count(ep)) return;  // the client disconnected meanwhile
-    struct Holder {
-      std::shared_ptr<std::string> reply;
-      std::shared_ptr<FrameBuffer> frame;
-    };
-    auto* holder = new Holder{std::move(reply), std::move(frame)};
+    auto* holder = new std::shared_ptr<Outgoing>(std::move(out));
+    const Outgoing& o = **holder;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                      UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-      delete static_cast<Holder*>(user_data);
+      delete static_cast<std::shared_ptr<Outgoing>*>(user_data);
       ucp_request_free(request);
     };
     p.user_data = holder;
-    const FrameBuffer& f = *holder->frame;
-    // Rendezvous: the payload goes straight into the client's slot.
-    p.flags = f.size == 0 ? 0 : UCP_AM_SEND_FLAG_RNDV;
-    if (f.memh != nullptr) {
+    // Rendezvous: the payload goes straight into the client's buffer.
+    p.flags = o.size == 0 ? 0 : UCP_AM_SEND_FLAG_RNDV;
+    if (o.memh != nullptr) {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-      p.memh = static_cast<ucp_mem_h>(f.memh);
+      p.memh = static_cast<ucp_mem_h>(o.memh);
     }
-    ucs_status_ptr_t st = ucp_am_send_nbx(ep, ucx::kElementAm, holder->reply->data(),
-                                          holder->reply->size(), f.size == 0 ? nullptr : f.data,
-                                          f.size, &p);
+    ucs_status_ptr_t st = ucp_am_send_nbx(ep, ucx::kElementAm, o.reply.data(), o.reply.size(),
+                                          o.size == 0 ? nullptr : o.data, o.size, &p);
     if (st == nullptr) {
       delete holder;
     } else if (UCS_PTR_IS_ERR(st)) {

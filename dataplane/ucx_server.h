@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "sluice/dataplane/element_transport.h"
@@ -15,24 +16,46 @@ namespace sluice::internal {
 // One encoded element frame. When `memh` is set the bytes live in memory
 // registered with UCX (an opaque ucp_mem_h), so a rendezvous send needs no
 // registration and no packing copy. `owner` keeps the bytes alive.
+//
+// A split frame (payload != nullptr) holds only the frame header (64-byte
+// padded) at data/size; its payload area is elsewhere, typically a
+// tensor's own memory, and is sent from there without an encoding copy.
+// payload_size is the tensor's byte size: the frame's trailing alignment
+// padding (< 64 bytes of zeros) is implied, not stored.
 struct FrameBuffer {
   uint8_t* data = nullptr;
   size_t size = 0;
   void* memh = nullptr;
   std::shared_ptr<void> owner;
+  const uint8_t* payload = nullptr;
+  size_t payload_size = 0;
+  size_t frame_size() const;  // the decoded frame's size, padding included
 };
 // Allocates a frame buffer of `size` bytes (may be called from any thread).
 using FrameAllocator = std::function<absl::StatusOr<FrameBuffer>(size_t size)>;
 FrameAllocator HeapFrameAllocator();
 
-struct ServedElement {
-  FrameBuffer frame;  // an encoded element when neither flag is set
+// Elements at least this large that consist of one fixed-size tensor are
+// served as split frames (their payload is never copied on the worker).
+inline constexpr size_t kZeroCopyPayloadBytes = size_t{64} << 10;
+
+// Encodes `element` into a frame: a split frame viewing the tensor when it
+// qualifies (see kZeroCopyPayloadBytes), else a full frame from `alloc`.
+absl::StatusOr<FrameBuffer> EncodeServedFrame(const Element& element, const FrameAllocator& alloc);
+
+// Writes `frame` as one contiguous frame of frame.frame_size() bytes at
+// `out` (for the gRPC path, which copies into its message anyway).
+void WriteFrame(const FrameBuffer& frame, uint8_t* out);
+
+// The answer to one request: frames in order, or one of the flags.
+struct ServedBatch {
+  std::vector<FrameBuffer> frames;
   bool end_of_sequence = false;
   bool not_ready = false;
 };
 // Produces the answer to one request; may block up to request.wait. Called
 // on the server's own threads, never on the UCX progress thread.
-using ElementSource = std::function<absl::StatusOr<ServedElement>(const ElementRequest&)>;
+using ElementSource = std::function<absl::StatusOr<ServedBatch>(const ElementRequest&)>;
 
 class UcxElementServer {
  public:

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -81,7 +82,9 @@ struct Pending {
   // Progress thread only:
   uint64_t id = 0;  // request id, once registered
   std::shared_ptr<SlotPool::Buffer> buffer;
-  size_t frame_size = 0;
+  uint16_t kind = 0;        // 0 (one frame), kReplySplitFrame or kReplyBatch
+  size_t header_bytes = 0;  // split frame: the inline header in front
+  size_t data_size = 0;     // bytes received after header_bytes
 };
 
 class UcxClient;
@@ -150,19 +153,57 @@ class UcxClient {
     p->Complete(std::move(r));
   }
 
-  // The payload is in p->buffer: decode it in place.
-  static void Decode(const std::shared_ptr<Pending>& p) {
-    const uint8_t* data = p->buffer->data;
-    auto decoded = DecodeFrame(data, p->frame_size, p->buffer);
-    if (!decoded.ok()) {
-      return Complete(p, absl::DataLossError(absl::StrCat("worker sent a bad element: ",
-                                                          decoded.status().message())));
+  static absl::Status BadReply(absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("worker sent a bad element: ", what));
+  }
+
+  // Decodes the batch blob in `buffer` (see ucx_protocol.h) in place.
+  static absl::Status DecodeBatch(const std::shared_ptr<SlotPool::Buffer>& buffer, size_t size,
+                                  ElementResult* r) {
+    const uint8_t* data = buffer->data;
+    ucx::BatchHeader bh;
+    if (size < sizeof(bh)) return BadReply("batch shorter than its header");
+    std::memcpy(&bh, data, sizeof(bh));
+    if (bh.magic != ucx::kBatchMagic || bh.count == 0 || bh.count > ucx::kMaxBatchElements ||
+        sizeof(bh) + uint64_t{bh.count} * sizeof(ucx::BatchEntry) > size) {
+      return BadReply(absl::StrCat("malformed batch header (", bh.count, " elements in ", size,
+                                   " bytes)"));
     }
+    r->elements.reserve(bh.count);
+    for (uint32_t i = 0; i < bh.count; ++i) {
+      ucx::BatchEntry e;
+      std::memcpy(&e, data + sizeof(bh) + i * sizeof(e), sizeof(e));
+      if (e.offset % 64 != 0 || e.offset > size || e.size > size - e.offset) {
+        return BadReply(absl::StrCat("batch entry ", i, " lies outside the ", size, "-byte batch"));
+      }
+      auto decoded = DecodeFrame(data + e.offset, e.size, buffer);
+      if (!decoded.ok()) return BadReply(decoded.status().message());
+      r->elements.push_back(std::move(decoded->element));
+    }
+    return absl::OkStatus();
+  }
+
+  // The reply's data is in p->buffer: decode it in place.
+  static void Decode(const std::shared_ptr<Pending>& p) {
     ElementResult r;
-    r.element = std::move(decoded->element);
-    r.bytes = p->frame_size;
-    Counters().elements++;
-    Counters().bytes += static_cast<int64_t>(p->frame_size);
+    const size_t received = p->header_bytes + p->data_size;
+    if (p->kind == ucx::kReplyBatch) {
+      absl::Status s = DecodeBatch(p->buffer, p->data_size, &r);
+      if (!s.ok()) return Complete(p, s);
+    } else {
+      size_t frame_size = received;
+      if (p->kind == ucx::kReplySplitFrame) {
+        // The payload area's trailing alignment padding was not sent.
+        frame_size = p->header_bytes + ucx::AlignUp64(p->data_size);
+        std::memset(p->buffer->data + received, 0, frame_size - received);
+      }
+      auto decoded = DecodeFrame(p->buffer->data, frame_size, p->buffer);
+      if (!decoded.ok()) return Complete(p, BadReply(decoded.status().message()));
+      r.elements.push_back(std::move(decoded->element));
+    }
+    r.bytes = received;
+    Counters().elements += static_cast<int64_t>(r.elements.size());
+    Counters().bytes += static_cast<int64_t>(received);
     p->buffer.reset();  // the tensors hold it now
     Complete(p, std::move(r));
   }
@@ -170,45 +211,53 @@ class UcxClient {
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxClient*>(arg);
+    const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    auto drop = [&] {
+      if (rndv) ucp_am_data_release(self->worker_->handle(), data);
+      return UCS_OK;
+    };
     ucx::ReplyHeader h;
-    if (header_length < sizeof(h)) return UCS_OK;
+    if (header_length < sizeof(h)) return drop();
     std::memcpy(&h, header, sizeof(h));
     auto it = self->pending_.find(h.request_id);
     if (h.magic != ucx::kReplyMagic || it == self->pending_.end()) {
-      // Stale (the caller gave up) or malformed: drop it.
-      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_am_data_release(self->worker_->handle(), data);
-      }
-      return UCS_OK;
+      return drop();  // stale (the caller gave up) or malformed
     }
     std::shared_ptr<Pending> p = std::move(it->second);
     self->pending_.erase(it);
+    const uint8_t* inline_bytes = static_cast<const uint8_t*>(header) + sizeof(h);
+    const size_t inline_len = std::min<size_t>(h.inline_len, header_length - sizeof(h));
     if (h.flags & ucx::kReplyError) {
-      size_t m = std::min<size_t>(h.message_len, header_length - sizeof(h));
-      std::string msg(static_cast<const char*>(header) + sizeof(h), m);
+      std::string msg(reinterpret_cast<const char*>(inline_bytes), inline_len);
       Complete(p, absl::Status(static_cast<absl::StatusCode>(h.code), msg));
-      return UCS_OK;
+      return drop();
     }
     if (h.flags & (ucx::kReplyEndOfSequence | ucx::kReplyNotReady)) {
       ElementResult r;
       r.end_of_sequence = h.flags & ucx::kReplyEndOfSequence;
       r.not_ready = h.flags & ucx::kReplyNotReady;
       Complete(p, std::move(r));
-      return UCS_OK;
+      return drop();
     }
-    auto buffer = self->pool_->Acquire(length);
+    p->kind = h.flags & (ucx::kReplySplitFrame | ucx::kReplyBatch);
+    if (p->kind == (ucx::kReplySplitFrame | ucx::kReplyBatch) ||
+        (p->kind == ucx::kReplySplitFrame && (inline_len == 0 || inline_len % 64 != 0))) {
+      Complete(p, BadReply("inconsistent reply flags"));
+      return drop();
+    }
+    p->header_bytes = p->kind == ucx::kReplySplitFrame ? inline_len : 0;
+    p->data_size = length;
+    auto buffer = self->pool_->Acquire(p->header_bytes + ucx::AlignUp64(length));
     if (!buffer.ok()) {
-      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_am_data_release(self->worker_->handle(), data);
-      }
       Complete(p, buffer.status());
-      return UCS_OK;
+      return drop();
     }
     p->buffer = *std::move(buffer);
-    p->frame_size = length;
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    std::memcpy(p->buffer->data, inline_bytes, p->header_bytes);  // a frame header, not payload
+    uint8_t* dest = p->buffer->data + p->header_bytes;
+    if (!rndv) {
       // Eager data (the worker did not use rendezvous): one copy, counted.
-      std::memcpy(p->buffer->data, data, length);
+      std::memcpy(dest, data, length);
       Counters().copied += static_cast<int64_t>(length);
       Decode(p);
       return UCS_OK;
@@ -231,8 +280,7 @@ class UcxClient {
       }
       ucp_request_free(request);
     };
-    ucs_status_ptr_t st =
-        ucp_am_recv_data_nbx(self->worker_->handle(), data, p->buffer->data, length, &rp);
+    ucs_status_ptr_t st = ucp_am_recv_data_nbx(self->worker_->handle(), data, dest, length, &rp);
     if (st == nullptr) {  // completed in place
       delete ctx;
       Decode(p);
@@ -319,6 +367,10 @@ class UcxElementTransport final : public ElementTransport {
     h.consumer_index = request.consumer_index;
     h.round = request.round;
     h.wait_ms = absl::ToInt64Milliseconds(request.wait);
+    h.max_elements = static_cast<uint32_t>(
+        std::clamp<int64_t>(request.max_elements, 1, ucx::kMaxBatchElements));
+    h.max_bytes = static_cast<uint32_t>(
+        std::clamp<int64_t>(request.max_bytes, 0, std::numeric_limits<uint32_t>::max()));
     UcxElementTransport* raw = this;
     client_->worker()->Post([raw, p, h]() mutable {
       if (raw->ep_ == nullptr || !raw->error_.ok()) {
@@ -447,6 +499,8 @@ TransportStats GetTransportStats() {
   s.pool_buffers_in_use = c.pool.in_use.load();
   s.pool_high_water_mark = c.pool.high_water.load();
   s.worker_frames_in_registered_memory = internal::WorkerFramesRegistered();
+  s.worker_zero_copy_payloads = internal::WorkerZeroCopyPayloads();
+  s.worker_batched_replies = internal::WorkerBatchedReplies();
   s.pool_arenas_verified_on_node = internal::ArenasVerified().load();
   s.pool_arenas_misplaced = internal::ArenasMisplaced().load();
   if (internal::UcxClient* client = internal::g_client.load()) {

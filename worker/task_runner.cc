@@ -46,7 +46,8 @@ void TaskRunner::Produce() {
     {
       absl::MutexLock l(&mu_);
       auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || buffer_.size() < capacity_;
+        return stop_ || buffer_.size() < capacity_ ||
+               (buffered_bytes_ < kSmallBufferBytes && buffer_.size() < kMaxBufferedElements);
       };
       mu_.Await(absl::Condition(&room));
       if (stop_) return;
@@ -58,27 +59,33 @@ void TaskRunner::Produce() {
       produced_all_ = true;
       return;
     }
-    auto layout = ComputeFrameLayout(**e);
-    if (!layout.ok()) return fail(layout.status());
-    auto frame = allocator_(layout->frame_size());
+    auto frame = EncodeServedFrame(**e, allocator_);
     if (!frame.ok()) return fail(frame.status());
-    absl::Status s = EncodeFrame(**e, 0, absl::Span<uint8_t>(frame->data, frame->size));
-    if (!s.ok()) return fail(s);
     absl::MutexLock l(&mu_);
+    buffered_bytes_ += frame->frame_size();
     buffer_.push_back(*std::move(frame));
   }
 }
 
-absl::StatusOr<TaskRunner::Next> TaskRunner::GetNext(absl::Duration wait) {
+absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t max_elements,
+                                                 int64_t max_bytes) {
   absl::MutexLock l(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || !buffer_.empty() || produced_all_ || !error_.ok();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
-  Next out;
+  ServedBatch out;
   if (!buffer_.empty()) {
-    out.frame = std::move(buffer_.front());
-    buffer_.pop_front();
+    size_t bytes = 0;
+    do {
+      bytes += buffer_.front().frame_size();
+      buffered_bytes_ -= buffer_.front().frame_size();
+      out.frames.push_back(std::move(buffer_.front()));
+      buffer_.pop_front();
+    } while (!buffer_.empty() && out.frames.back().payload == nullptr &&
+             buffer_.front().payload == nullptr &&
+             static_cast<int64_t>(out.frames.size()) < max_elements &&
+             static_cast<int64_t>(bytes + buffer_.front().frame_size()) <= max_bytes);
     return out;
   }
   if (!error_.ok()) return error_;

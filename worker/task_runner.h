@@ -1,6 +1,10 @@
 // TaskRunner: runs one task's dataset on its own thread into a bounded
 // element buffer that GetElement calls drain first-come-first-served (so
 // consumers sharing a job split the elements).
+//
+// The buffer holds up to `buffer_elements` encoded elements; small ones may
+// run ahead further, up to kSmallBufferBytes of frames (at most
+// kMaxBufferedElements), so that a batched request finds a batch ready.
 #pragma once
 
 #include <deque>
@@ -25,14 +29,16 @@ class TaskRunner {
              std::function<void()> bind_thread = {});
   ~TaskRunner();  // stops and joins the producer
 
-  struct Next {
-    FrameBuffer frame;  // an encoded element (when neither flag is set)
-    bool end_of_sequence = false;
-    bool not_ready = false;
-  };
-  // Waits up to `wait` for an element. The task's error (for example a
-  // dataset that does not validate on this worker) is returned as is.
-  absl::StatusOr<Next> GetNext(absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kSmallBufferBytes = size_t{1} << 20;
+  static constexpr size_t kMaxBufferedElements = 4096;
+
+  // Waits up to `wait` for an element, then takes it and up to
+  // max_elements - 1 more that are ready now, while their frames total at
+  // most max_bytes; split (zero-copy) frames are never batched with others.
+  // The task's error (for example a dataset that does not validate on this
+  // worker) is returned as is.
+  absl::StatusOr<ServedBatch> GetBatch(absl::Duration wait, int64_t max_elements = 1,
+                                       int64_t max_bytes = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once the producer ended and every element was handed out, or the
   // task failed. Reported to the dispatcher as completed.
@@ -49,6 +55,7 @@ class TaskRunner {
   mutable absl::Mutex mu_;
   const FrameAllocator allocator_;
   std::deque<FrameBuffer> buffer_ ABSL_GUARDED_BY(mu_);
+  size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // frame bytes in buffer_
   bool produced_all_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

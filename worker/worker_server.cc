@@ -76,33 +76,27 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   }
 
   // Answers one element request (both data paths use this).
-  absl::StatusOr<internal::ServedElement> Serve(const ElementRequest& req) {
+  absl::StatusOr<internal::ServedBatch> Serve(const ElementRequest& req) {
     absl::Duration wait = std::clamp(req.wait, absl::ZeroDuration(), absl::Seconds(10));
-    internal::ServedElement out;
     std::shared_ptr<TaskRunner> task = FindTask(req.task_id);
     if (task == nullptr) {
       // The client may learn of a task before this worker's heartbeat
       // delivers it: ask again shortly.
       stopping.WaitForNotificationWithTimeout(std::min(wait, absl::Milliseconds(20)));
+      internal::ServedBatch out;
       out.not_ready = true;
       return out;
     }
-    auto next = task->GetNext(wait);
-    if (!next.ok()) {
-      if (!absl::IsCancelled(next.status())) ReportFinished(*task);
-      return next.status();
+    auto batch = task->GetBatch(wait, req.max_elements, req.max_bytes);
+    if (!batch.ok()) {
+      if (!absl::IsCancelled(batch.status())) ReportFinished(*task);
+      return batch.status();
     }
-    if (next->end_of_sequence) {
-      ReportFinished(*task);
-      out.end_of_sequence = true;
-    } else if (next->not_ready) {
-      out.not_ready = true;
-    } else {
-      out.frame = std::move(next->frame);
-    }
-    return out;
+    if (batch->end_of_sequence) ReportFinished(*task);
+    return batch;
   }
 
+  // The gRPC data path: one element per call (the tf.data baseline).
   grpc::Status GetElement(grpc::ServerContext* ctx, const proto::GetElementRequest* req,
                           proto::GetElementResponse* resp) override {
     ElementRequest r;
@@ -114,8 +108,11 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     if (!served.ok()) return internal::ToGrpcStatus(served.status());
     resp->set_end_of_sequence(served->end_of_sequence);
     resp->set_not_ready(served->not_ready);
-    if (served->frame.data != nullptr) {
-      resp->set_frame(reinterpret_cast<const char*>(served->frame.data), served->frame.size);
+    if (!served->frames.empty()) {
+      const internal::FrameBuffer& f = served->frames[0];
+      std::string* out = resp->mutable_frame();
+      out->resize(f.frame_size());
+      internal::WriteFrame(f, reinterpret_cast<uint8_t*>(out->data()));
     }
     return grpc::Status::OK;
   }

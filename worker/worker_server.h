@@ -35,7 +35,8 @@ struct WorkerConfig {
   int64_t dispatcher_timeout_ms = 10000;
   // UDF plugin libraries to load before serving.
   std::vector<std::string> plugins;
-  // Elements buffered per task ahead of the clients (bounds memory).
+  // Elements buffered per task ahead of the clients (bounds memory; small
+  // elements may run further ahead, up to 1 MiB of frames, for batching).
   int64_t task_buffer_elements = 16;
   // Placement of task threads, the UCX send pool and its progress thread:
   // "auto" (the NUMA node nearest the NIC UCX uses), "none", or a node

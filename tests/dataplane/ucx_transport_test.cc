@@ -16,7 +16,7 @@
 namespace sluice {
 namespace {
 
-using internal::ServedElement;
+using internal::ServedBatch;
 using internal::UcxElementServer;
 
 Tensor Pattern(size_t bytes, uint8_t seed) {
@@ -58,8 +58,8 @@ class UcxTransportTest : public ::testing::Test {
     if (server_) server_->Stop();
   }
 
-  absl::StatusOr<ServedElement> Serve(const ElementRequest& r) {
-    ServedElement out;
+  absl::StatusOr<ServedBatch> Serve(const ElementRequest& r) {
+    ServedBatch out;
     switch (r.task_id) {
       case -1: out.end_of_sequence = true; return out;
       case -2: out.not_ready = true; return out;
@@ -69,12 +69,22 @@ class UcxTransportTest : public ::testing::Test {
         release_.WaitForNotificationWithTimeout(absl::Seconds(30));
         out.not_ready = true;
         return out;
+      case -5:  // every element of batch_ in one reply
+        for (const Element& e : batch_) {
+          auto f = Encode(e, server_->frame_allocator());
+          if (!f.ok()) return f.status();
+          out.frames.push_back(*std::move(f));
+        }
+        return out;
       default: {
-        // Even tasks: the server's registered send pool; odd: plain heap.
-        auto f = Encode(elements_.at(r.task_id), r.task_id % 2 == 0 ? server_->frame_allocator()
-                                                                   : internal::HeapFrameAllocator());
+        // Even tasks as a worker serves them (large single tensors as split
+        // frames sent from the tensor; others in the registered send pool);
+        // odd tasks: whole frames in plain heap memory.
+        const Element& e = elements_.at(r.task_id);
+        auto f = r.task_id % 2 == 0 ? internal::EncodeServedFrame(e, server_->frame_allocator())
+                                    : Encode(e, internal::HeapFrameAllocator());
         if (!f.ok()) return f.status();
-        out.frame = *std::move(f);
+        out.frames.push_back(*std::move(f));
         return out;
       }
     }
@@ -87,6 +97,7 @@ class UcxTransportTest : public ::testing::Test {
   }
 
   std::vector<Element> elements_;
+  std::vector<Element> batch_;
   std::atomic<bool> blocked_{false};
   absl::Notification release_;
   std::unique_ptr<UcxElementServer> server_;
@@ -104,7 +115,7 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
   for (size_t i = 0; i < elements_.size(); ++i) {
     ASSERT_OK_AND_ASSIGN(ElementResult r, Get(static_cast<int64_t>(i)));
     ASSERT_FALSE(r.end_of_sequence || r.not_ready);
-    EXPECT_TRUE(ElementsEqual(r.element, elements_[i])) << "element " << i;
+    EXPECT_TRUE(ElementsEqual(r.elements.at(0), elements_[i])) << "element " << i;
   }
   TransportStats after = GetTransportStats();
   EXPECT_EQ(after.ucx_elements_received - before.ucx_elements_received,
@@ -112,9 +123,37 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
   // Rendezvous into registered slots: the client copied no payload.
   EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
   EXPECT_GT(after.ucx_bytes_received - before.ucx_bytes_received, int64_t{64} << 20);
-  // Half the frames were built in the worker's registered memory.
+  // Even tasks are served as a worker serves them: the single-tensor
+  // elements of at least 64 KiB (2, 4, 6) straight from the tensor's memory,
+  // the 1-byte one (0) encoded into the worker's registered memory.
+  EXPECT_EQ(after.worker_zero_copy_payloads - before.worker_zero_copy_payloads, 3);
   EXPECT_EQ(after.worker_frames_in_registered_memory - before.worker_frames_in_registered_memory,
-            static_cast<int64_t>((elements_.size() + 1) / 2));
+            1);
+}
+
+TEST_F(UcxTransportTest, ABatchArrivesInOrderInOneReplyWithoutClientCopies) {
+  for (int i = 0; i < 300; ++i) {
+    if (i % 50 == 7) {
+      batch_.push_back({Tensor::Strings({"s" + std::to_string(i), ""}), Pattern(0, 0)});
+    } else {
+      batch_.push_back({Tensor::Scalar<int64_t>(i), Pattern(static_cast<size_t>(i * 13), 1)});
+    }
+  }
+  TransportStats before = GetTransportStats();
+  ASSERT_OK_AND_ASSIGN(ElementResult r, Get(-5));
+  ASSERT_EQ(r.elements.size(), batch_.size());
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    EXPECT_TRUE(ElementsEqual(r.elements[i], batch_[i])) << "element " << i;
+  }
+  TransportStats after = GetTransportStats();
+  EXPECT_EQ(after.ucx_elements_received - before.ucx_elements_received, 300);
+  EXPECT_EQ(after.worker_batched_replies - before.worker_batched_replies, 1);
+  EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
+  // The elements share the reply's buffer, which outlives the others while
+  // one of them is held.
+  Element kept = r.elements[299];
+  r.elements.clear();
+  EXPECT_TRUE(ElementsEqual(kept, batch_[299]));
 }
 
 TEST_F(UcxTransportTest, FlagsAndErrorsPassThrough) {
@@ -134,7 +173,7 @@ TEST_F(UcxTransportTest, ManyConcurrentRequests) {
       for (int k = 0; k < 20; ++k) {
         int64_t id = (t * 7 + k) % 16;
         auto r = Get(id);
-        if (r.ok() && ElementsEqual(r->element, elements_[id])) ++ok;
+        if (r.ok() && r->elements.size() == 1 && ElementsEqual(r->elements[0], elements_[id])) ++ok;
       }
     });
   }
@@ -148,7 +187,7 @@ TEST_F(UcxTransportTest, SmallElementsShareArenasInsteadOfOneRegistrationEach) {
   std::vector<Element> held;
   for (int i = 0; i < 2000; ++i) {
     ASSERT_OK_AND_ASSIGN(ElementResult r, Get(0));
-    held.push_back(std::move(r.element));
+    held.push_back(std::move(r.elements.at(0)));
   }
   TransportStats after = GetTransportStats();
   EXPECT_EQ(after.dedicated_buffer_allocations, before.dedicated_buffer_allocations);
@@ -165,8 +204,8 @@ TEST_F(UcxTransportTest, PoolAtItsCapAppliesBackpressureUntilTheConsumerReleases
   std::vector<Element> held;
   for (int i = 0; i < 200 && !GetTransportStats().receive_pool_over_cap; ++i) {
     ASSERT_OK_AND_ASSIGN(ElementResult r, Get(0));
-    ASSERT_TRUE(ElementsEqual(r.element, elements_[0]));
-    held.push_back(std::move(r.element));
+    ASSERT_TRUE(ElementsEqual(r.elements.at(0), elements_[0]));
+    held.push_back(std::move(r.elements.at(0)));
   }
   ASSERT_TRUE(GetTransportStats().receive_pool_over_cap);
   int64_t dedicated = GetTransportStats().dedicated_buffer_allocations;
@@ -177,7 +216,7 @@ TEST_F(UcxTransportTest, PoolAtItsCapAppliesBackpressureUntilTheConsumerReleases
   held.clear();  // the consumer catches up: buffers return, the request proceeds
   ASSERT_EQ(fut.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "hang";
   ASSERT_OK_AND_ASSIGN(ElementResult r, fut.get());
-  EXPECT_TRUE(ElementsEqual(r.element, elements_[0]));
+  EXPECT_TRUE(ElementsEqual(r.elements.at(0), elements_[0]));
   EXPECT_FALSE(GetTransportStats().receive_pool_over_cap);
 }
 
@@ -186,7 +225,7 @@ TEST_F(UcxTransportTest, ElementLargerThanThePoolGetsADedicatedBuffer) {
   elements_.push_back({Pattern(40 << 20, 3)});
   int64_t dedicated = GetTransportStats().dedicated_buffer_allocations;
   ASSERT_OK_AND_ASSIGN(ElementResult r, Get(0));
-  EXPECT_TRUE(ElementsEqual(r.element, elements_[0]));
+  EXPECT_TRUE(ElementsEqual(r.elements.at(0), elements_[0]));
   EXPECT_EQ(GetTransportStats().dedicated_buffer_allocations, dedicated + 1);
 }
 
@@ -220,7 +259,7 @@ class FixedTransport final : public ElementTransport {
  public:
   absl::StatusOr<ElementResult> GetElement(const ElementRequest&) override {
     ElementResult r;
-    r.element = {Tensor::Scalar<int32_t>(42)};
+    r.elements.push_back({Tensor::Scalar<int32_t>(42)});
     return r;
   }
   void Cancel() override {}
@@ -232,7 +271,7 @@ TEST(UcxFallbackTest, UnreachableUcxFallsBackOrFailsAsConfigured) {
   std::string address;
   {
     auto s = UcxElementServer::Start("127.0.0.1:0", [](const ElementRequest&) {
-      return absl::StatusOr<ServedElement>(ServedElement{});
+      return absl::StatusOr<ServedBatch>(ServedBatch{});
     });
     ASSERT_OK(s);
     address = (*s)->address();
@@ -245,7 +284,7 @@ TEST(UcxFallbackTest, UnreachableUcxFallsBackOrFailsAsConfigured) {
     auto r = t->GetElement(req);
     if (allow) {
       ASSERT_OK(r);
-      EXPECT_EQ(r->element[0].at<int32_t>(0), 42);
+      EXPECT_EQ(r->elements.at(0)[0].at<int32_t>(0), 42);
       EXPECT_EQ(t->protocol(), "grpc");
     } else {
       EXPECT_STATUS(r, absl::StatusCode::kUnavailable, "fallback to grpc is disabled");
