@@ -166,6 +166,7 @@ class DataServiceIterator final : public Iterator {
       if (next_in_batch_ == batch.size()) {
         results_.pop_front();
         next_in_batch_ = 0;
+        ++generation_;  // a reply slot is free: wake a fetcher waiting for one
       }
       return std::optional<Element>(std::move(e));
     }
@@ -411,7 +412,8 @@ class DataServiceIterator final : public Iterator {
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
   bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
   bool warned_no_ucx_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a request completes
+  // Bumped when a request completes or a buffered reply is consumed.
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* heartbeat_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;

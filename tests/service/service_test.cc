@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "sluice/client/distribute.h"
+#include "sluice/core/status.h"
 #include "sluice/control/dispatch_server.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset.h"
@@ -267,6 +268,29 @@ TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
     EXPECT_GT(after.worker_batched_replies, before.worker_batched_replies);
     EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
   }
+}
+
+// With one request allowed, consuming the buffered element must start the
+// next request at once (a fetcher that only woke on a poll timeout made
+// elements wait ~50 ms whenever it lost the race to the consumer).
+// Compared with two requests in the same run, not against a clock.
+TEST_P(ServiceTest, OneOutstandingRequestDoesNotStallBetweenElements) {
+  StartService(1);
+  // 64 KiB elements travel one per reply (no batching hides the stall).
+  Element big = {Tensor::FromVector(std::vector<uint8_t>(64 << 10, 1))};
+  auto time_60 = [&](int64_t outstanding) -> absl::StatusOr<absl::Duration> {
+    DistributeOptions o = Options();
+    o.max_outstanding_requests = outstanding;
+    SLUICE_ASSIGN_OR_RETURN(
+        auto it, Dataset::FromTensors({big}).Repeat(61).Distribute(o).MakeIterator());
+    SLUICE_RETURN_IF_ERROR(it->Next().status());  // the iteration has started
+    absl::Time start = absl::Now();
+    for (int i = 0; i < 60; ++i) SLUICE_RETURN_IF_ERROR(it->Next().status());
+    return absl::Now() - start;
+  };
+  ASSERT_OK_AND_ASSIGN(absl::Duration two, time_60(2));
+  ASSERT_OK_AND_ASSIGN(absl::Duration one, time_60(1));
+  EXPECT_LT(one, 4 * two + absl::Milliseconds(50)) << "one: " << one << " two: " << two;
 }
 
 TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
