@@ -31,6 +31,11 @@ struct ElementResult {
   bool not_ready = false;  // nothing yet; ask again
   Element element;
   size_t bytes = 0;  // frame bytes received
+  // distributed_epoch (split-tracked pipelines): the split the element came
+  // from and its index in that split's output; -1 otherwise. The client
+  // drops a (split_id, split_index) it already delivered.
+  int64_t split_id = -1;
+  int64_t split_index = -1;
 };
 
 class ElementTransport {

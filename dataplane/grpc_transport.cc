@@ -58,6 +58,8 @@ class GrpcElementTransport final : public ElementTransport {
                                               decoded.status().message()));
     }
     out.element = std::move(decoded->element);
+    out.split_id = resp.split_id();
+    out.split_index = resp.split_index();
     return out;
   }
 

@@ -138,6 +138,8 @@ struct UcxElementServer::Impl {
       ReplyHeader h{};
       h.magic = ucx::kReplyMagic;
       h.request_id = job.request_id;
+      h.split_id = -1;
+      h.split_index = -1;
       if (!r.ok()) {
         h.flags = ucx::kReplyError;
         h.code = static_cast<uint32_t>(r.status().code());
@@ -151,6 +153,8 @@ struct UcxElementServer::Impl {
       } else {
         *frame = std::move(r->frame);
         h.frame_size = frame->size;
+        h.split_id = r->split_id;
+        h.split_index = r->split_index;
       }
       std::memcpy(reply->data(), &h, sizeof(h));
       ucp_ep_h ep = job.ep;

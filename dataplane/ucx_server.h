@@ -29,6 +29,7 @@ struct ServedElement {
   FrameBuffer frame;  // an encoded element when neither flag is set
   bool end_of_sequence = false;
   bool not_ready = false;
+  int64_t split_id = -1, split_index = -1;  // see ElementResult
 };
 // Produces the answer to one request; may block up to request.wait. Called
 // on the server's own threads, never on the UCX progress thread.

@@ -82,6 +82,7 @@ struct Pending {
   uint64_t id = 0;  // request id, once registered
   std::shared_ptr<SlotPool::Buffer> buffer;
   size_t frame_size = 0;
+  int64_t split_id = -1, split_index = -1;
 };
 
 class UcxClient;
@@ -161,6 +162,8 @@ class UcxClient {
     ElementResult r;
     r.element = std::move(decoded->element);
     r.bytes = p->frame_size;
+    r.split_id = p->split_id;
+    r.split_index = p->split_index;
     Counters().elements++;
     Counters().bytes += static_cast<int64_t>(p->frame_size);
     p->buffer.reset();  // the tensors hold it now
@@ -206,6 +209,8 @@ class UcxClient {
     }
     p->buffer = *std::move(buffer);
     p->frame_size = length;
+    p->split_id = h.split_id;
+    p->split_index = h.split_index;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
       // Eager data (the worker did not use rendezvous): one copy, counted.
       std::memcpy(p->buffer->data, data, length);
