@@ -13,6 +13,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -35,7 +36,7 @@ constexpr absl::Duration kElementWait = absl::Milliseconds(500);
 
 struct Counters {
   std::atomic<int64_t> elements{0}, bytes{0}, lost_tasks{0}, worker_errors{0}, started{0},
-      released{0};
+      released{0}, duplicates{0};
 };
 Counters& GetCounters() {
   static Counters* c = new Counters();
@@ -173,13 +174,22 @@ class DataServiceIterator final : public Iterator {
     bool end_of_sequence = false;
     bool lost = false;
     int64_t received = 0;
+    int64_t in_flight = 0;
     int failures = 0;
     absl::Time retry_after = absl::InfinitePast();
+  };
+
+  // Deduplication state of one split: indices [0, prefix) and `beyond`
+  // were delivered.
+  struct SplitSeen {
+    int64_t prefix = 0;
+    std::set<int64_t> beyond;
   };
 
   DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address)
       : node_(node),
         address_(std::move(address)),
+        distributed_(node.processing_mode() == "distributed_epoch"),
         stub_(proto::DispatcherService::NewStub(internal::MakeChannel(address_))) {}
 
   // The transport to a task's worker: UCX when both sides want it (with
@@ -260,18 +270,52 @@ class DataServiceIterator final : public Iterator {
         t.transport->Cancel();
         GetCounters().lost_tasks++;
         spdlog::warn(
-            "sluice client: lost task {} on worker {} after receiving {} element(s) from it; "
-            "the rest of its output is lost and the iteration continues from the remaining "
-            "workers",
-            t.id, t.worker, t.received);
+            "sluice client: lost task {} on worker {} after receiving {} element(s) from it; {}",
+            t.id, t.worker, t.received,
+            distributed_ ? "its unfinished splits go to the remaining workers"
+                         : "the rest of its output is lost and the iteration continues from "
+                           "the remaining workers");
       }
     }
+    split_watermark_ = std::max(split_watermark_, resp.completed_split_watermark());
+    ForgetCompletedSplitsLocked();
     if (resp.has_error() && resp.error().code() != 0 && error_.ok()) {
       error_ = internal::FromProto(resp.error());
     }
     iteration_finished_ = resp.iteration_finished();
     ++generation_;
     return absl::OkStatus();
+  }
+
+  // Drops the deduplication state of splits below the dispatcher's
+  // watermark (completed: no worker produces them again) -- but not while a
+  // request to a lost task is in flight, whose late reply could be a
+  // duplicate of one of them.
+  void ForgetCompletedSplitsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, t] : tasks_) {
+      if (t.lost && t.in_flight > 0) return;
+    }
+    seen_.erase(seen_.begin(), seen_.lower_bound(split_watermark_));
+  }
+
+  // Records (split, index); false if it was delivered before.
+  bool FirstDeliveryLocked(int64_t split_id, int64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (split_id <= 0 || index < 0) return true;  // untracked
+    // A late reply for a split forgotten as completed: prefer delivering it
+    // (at least once) to dropping an element that may be new.
+    if (split_id < split_watermark_ && !seen_.count(split_id)) return true;
+    SplitSeen& s = seen_[split_id];
+    if (index < s.prefix || s.beyond.count(index)) return false;
+    if (index != s.prefix) {
+      s.beyond.insert(index);
+      return true;
+    }
+    ++s.prefix;
+    while (!s.beyond.empty() && *s.beyond.begin() == s.prefix) {
+      s.beyond.erase(s.beyond.begin());
+      ++s.prefix;
+    }
+    return true;
   }
 
   void HeartbeatLoop() {
@@ -332,6 +376,7 @@ class DataServiceIterator final : public Iterator {
           if (t != nullptr) {
             transport = t->transport;
             task_id = t->id;
+            ++t->in_flight;
             break;
           }
           // Nothing readable now: wait for a change (or a retry time).
@@ -354,6 +399,7 @@ class DataServiceIterator final : public Iterator {
       auto it = tasks_.find(task_id);
       if (it == tasks_.end()) continue;
       Task& t = it->second;
+      if (--t.in_flight == 0 && t.lost) ForgetCompletedSplitsLocked();
       if (r.ok()) {
         t.failures = 0;
         if (r->end_of_sequence) {
@@ -362,7 +408,11 @@ class DataServiceIterator final : public Iterator {
           ++t.received;
           GetCounters().elements++;
           GetCounters().bytes += static_cast<int64_t>(r->bytes);
-          results_.push_back(std::move(r->element));
+          if (FirstDeliveryLocked(r->split_id, r->split_index)) {
+            results_.push_back(std::move(r->element));
+          } else {
+            GetCounters().duplicates++;  // a reassigned split's element we already have
+          }
         }
         continue;
       }
@@ -386,6 +436,7 @@ class DataServiceIterator final : public Iterator {
 
   const proto::DatasetNode::DataService node_;
   const std::string address_;
+  const bool distributed_;
   std::unique_ptr<proto::DispatcherService::Stub> stub_;
   int64_t client_id_ = 0;
   std::vector<std::thread> threads_;
@@ -399,6 +450,9 @@ class DataServiceIterator final : public Iterator {
   bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
   bool warned_no_ucx_ ABSL_GUARDED_BY(mu_) = false;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a request completes
+  // distributed_epoch: per split, what was delivered (see FirstDeliveryLocked).
+  std::map<int64_t, SplitSeen> seen_ ABSL_GUARDED_BY(mu_);
+  int64_t split_watermark_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* heartbeat_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -421,11 +475,6 @@ bool ContainsDataService(const internal::Analysis& a) {
 
 absl::Status ValidateOptions(const DistributeOptions& o) {
   SLUICE_RETURN_IF_ERROR(internal::ParseProcessingMode(o.processing_mode).status());
-  if (o.processing_mode == "distributed_epoch") {
-    return absl::UnimplementedError(
-        "Distribute: processing_mode distributed_epoch is not available yet; use "
-        "parallel_epochs");
-  }
   if (o.service.empty()) {
     return absl::InvalidArgumentError(
         "Distribute: options.service is empty; set it to the dispatcher's grpc://host:port");
@@ -519,6 +568,7 @@ DataServiceStats GetDataServiceStats() {
   s.worker_errors = c.worker_errors.load();
   s.iterations_started = c.started.load();
   s.iterations_released = c.released.load();
+  s.duplicates_dropped = c.duplicates.load();
   return s;
 }
 

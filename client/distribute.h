@@ -33,7 +33,9 @@
 namespace sluice {
 
 struct DistributeOptions {
-  // "parallel_epochs" ("distributed_epoch" arrives with dynamic sharding).
+  // "parallel_epochs" (every worker produces the whole dataset) or
+  // "distributed_epoch" (dynamic sharding: workers pull splits of the
+  // source from the dispatcher; see docs/service.md for the guarantees).
   std::string processing_mode = "parallel_epochs";
   // The dispatcher: "grpc://host:port" or "host:port".
   std::string service;
@@ -76,6 +78,9 @@ struct DataServiceStats {
   int64_t worker_errors = 0;      // failed element requests (retried)
   int64_t iterations_started = 0;
   int64_t iterations_released = 0;
+  // distributed_epoch: elements of a reassigned split that this process
+  // had already delivered, dropped.
+  int64_t duplicates_dropped = 0;
 };
 DataServiceStats GetDataServiceStats();
 

@@ -3,15 +3,17 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataset/dataset.h"
+#include "sluice/dataset/dataset_internal.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice::internal {
 
 TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator,
-                       std::function<void()> bind_thread)
+                       std::function<void()> bind_thread, std::unique_ptr<SplitClient> splits)
     : def_(std::move(def)),
       capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_elements))),
-      allocator_(std::move(allocator)) {
+      allocator_(std::move(allocator)),
+      splits_(std::move(splits)) {
   producer_ = std::thread([this, bind_thread = std::move(bind_thread)] {
     if (bind_thread) bind_thread();
     Produce();
@@ -24,8 +26,11 @@ TaskRunner::~TaskRunner() {
 }
 
 void TaskRunner::Stop() {
-  absl::MutexLock l(&mu_);
-  stop_ = true;
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  if (splits_) splits_->Stop();  // wakes a source waiting for a split
 }
 
 void TaskRunner::Produce() {
@@ -40,7 +45,9 @@ void TaskRunner::Produce() {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "the dataset does not validate on the worker: ", ds.status().message())));
   }
-  auto it = ds->MakeIterator();
+  IteratorContext ctx;
+  ctx.splits = splits_.get();
+  auto it = MakeNodeIterator(ds->rep()->analysis, ctx);
   if (!it.ok()) return fail(it.status());
   while (true) {
     {
@@ -52,20 +59,26 @@ void TaskRunner::Produce() {
       if (stop_) return;
     }
     auto e = (*it)->Next();
-    if (!e.ok()) return fail(e.status());
+    if (!e.ok()) {
+      if (absl::IsCancelled(e.status())) return;  // stopped while waiting for a split
+      return fail(e.status());
+    }
     if (!e->has_value()) {
       absl::MutexLock l(&mu_);
       produced_all_ = true;
       return;
     }
+    Buffered b;
+    if (splits_) std::tie(b.split_id, b.split_index) = splits_->Tag();
     auto layout = ComputeFrameLayout(**e);
     if (!layout.ok()) return fail(layout.status());
     auto frame = allocator_(layout->frame_size());
     if (!frame.ok()) return fail(frame.status());
     absl::Status s = EncodeFrame(**e, 0, absl::Span<uint8_t>(frame->data, frame->size));
     if (!s.ok()) return fail(s);
+    b.frame = *std::move(frame);
     absl::MutexLock l(&mu_);
-    buffer_.push_back(*std::move(frame));
+    buffer_.push_back(std::move(b));
   }
 }
 
@@ -77,8 +90,13 @@ absl::StatusOr<TaskRunner::Next> TaskRunner::GetNext(absl::Duration wait) {
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
   Next out;
   if (!buffer_.empty()) {
-    out.frame = std::move(buffer_.front());
+    Buffered& b = buffer_.front();
+    out.frame = std::move(b.frame);
+    out.split_id = b.split_id;
+    out.split_index = b.split_index;
     buffer_.pop_front();
+    // Handed to the data plane from here on: the split may complete.
+    if (splits_) splits_->Served(out.split_id);
     return out;
   }
   if (!error_.ok()) return error_;

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "control/service.pb.h"
 #include "sluice/dataplane/ucx_server.h"
+#include "sluice/worker/split_client.h"
 
 namespace sluice::internal {
 
@@ -21,14 +22,17 @@ class TaskRunner {
   // Frames are encoded into buffers from `allocator` (registered memory on
   // the UCX path).
   // `bind_thread` (optional) runs first on the producer thread.
+  // `splits` (distributed_epoch) feeds the pipeline's source and tags the
+  // elements; the runner stops it.
   TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator,
-             std::function<void()> bind_thread = {});
+             std::function<void()> bind_thread = {}, std::unique_ptr<SplitClient> splits = {});
   ~TaskRunner();  // stops and joins the producer
 
   struct Next {
     FrameBuffer frame;  // an encoded element (when neither flag is set)
     bool end_of_sequence = false;
     bool not_ready = false;
+    int64_t split_id = -1, split_index = -1;  // distributed_epoch, tracked pipelines
   };
   // Waits up to `wait` for an element. The task's error (for example a
   // dataset that does not validate on this worker) is returned as is.
@@ -48,7 +52,12 @@ class TaskRunner {
   const size_t capacity_;
   mutable absl::Mutex mu_;
   const FrameAllocator allocator_;
-  std::deque<FrameBuffer> buffer_ ABSL_GUARDED_BY(mu_);
+  struct Buffered {
+    FrameBuffer frame;
+    int64_t split_id = -1, split_index = -1;
+  };
+  const std::unique_ptr<SplitClient> splits_;  // null unless distributed_epoch
+  std::deque<Buffered> buffer_ ABSL_GUARDED_BY(mu_);
   bool produced_all_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

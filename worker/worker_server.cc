@@ -99,6 +99,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       out.not_ready = true;
     } else {
       out.frame = std::move(next->frame);
+      out.split_id = next->split_id;
+      out.split_index = next->split_index;
     }
     return out;
   }
@@ -117,6 +119,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     if (served->frame.data != nullptr) {
       resp->set_frame(reinterpret_cast<const char*>(served->frame.data), served->frame.size);
     }
+    resp->set_split_id(served->split_id);
+    resp->set_split_index(served->split_index);
     return grpc::Status::OK;
   }
 
@@ -159,11 +163,16 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       }
       for (const auto& def : resp.new_tasks()) {
         if (tasks.count(def.task_id())) continue;
+        std::unique_ptr<internal::SplitClient> splits;
+        if (def.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+          splits = std::make_unique<internal::SplitClient>(dispatcher.get(), address,
+                                                           def.task_id(), def.split_tracked());
+        }
         tasks.emplace(def.task_id(),
                       std::make_shared<TaskRunner>(def, config.task_buffer_elements,
                                                    ucx ? ucx->frame_allocator()
                                                        : internal::HeapFrameAllocator(),
-                                                   bind_thread));
+                                                   bind_thread, std::move(splits)));
       }
       for (int64_t id : resp.tasks_to_delete()) {
         auto it = tasks.find(id);
