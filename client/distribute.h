@@ -10,6 +10,11 @@
 // Semantics (as tf.data service):
 //  - parallel_epochs: every worker produces the whole dataset, so with N
 //    workers each element arrives N times (in no particular order).
+//  - distributed_epoch: the dispatcher splits the pipeline's one source and
+//    workers pull splits, so each element is produced once per epoch; a
+//    lost worker's unfinished splits are re-produced by the others and the
+//    client drops elements it already delivered (docs/service.md states the
+//    exact guarantee).
 //  - job_name: every consumer (thread or process) using the name reads the
 //    same job; the k-th iterator of each consumer reads the job's k-th
 //    iteration and consumers split its elements first-come-first-served. An
