@@ -15,6 +15,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -39,7 +40,7 @@ constexpr int64_t kBatchBytes = int64_t{256} << 10;
 
 struct Counters {
   std::atomic<int64_t> elements{0}, bytes{0}, lost_tasks{0}, worker_errors{0}, started{0},
-      released{0};
+      released{0}, duplicates{0};
 };
 Counters& GetCounters() {
   static Counters* c = new Counters();
@@ -182,13 +183,22 @@ class DataServiceIterator final : public Iterator {
     bool end_of_sequence = false;
     bool lost = false;
     int64_t received = 0;
+    int64_t in_flight = 0;
     int failures = 0;
     absl::Time retry_after = absl::InfinitePast();
+  };
+
+  // Deduplication state of one split: indices [0, prefix) and `beyond`
+  // were delivered.
+  struct SplitSeen {
+    int64_t prefix = 0;
+    std::set<int64_t> beyond;
   };
 
   DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address)
       : node_(node),
         address_(std::move(address)),
+        distributed_(node.processing_mode() == "distributed_epoch"),
         stub_(proto::DispatcherService::NewStub(internal::MakeChannel(address_))) {}
 
   // The transport to a task's worker: UCX when both sides want it (with
@@ -269,18 +279,52 @@ class DataServiceIterator final : public Iterator {
         t.transport->Cancel();
         GetCounters().lost_tasks++;
         spdlog::warn(
-            "sluice client: lost task {} on worker {} after receiving {} element(s) from it; "
-            "the rest of its output is lost and the iteration continues from the remaining "
-            "workers",
-            t.id, t.worker, t.received);
+            "sluice client: lost task {} on worker {} after receiving {} element(s) from it; {}",
+            t.id, t.worker, t.received,
+            distributed_ ? "its unfinished splits go to the remaining workers"
+                         : "the rest of its output is lost and the iteration continues from "
+                           "the remaining workers");
       }
     }
+    split_watermark_ = std::max(split_watermark_, resp.completed_split_watermark());
+    ForgetCompletedSplitsLocked();
     if (resp.has_error() && resp.error().code() != 0 && error_.ok()) {
       error_ = internal::FromProto(resp.error());
     }
     iteration_finished_ = resp.iteration_finished();
     ++generation_;
     return absl::OkStatus();
+  }
+
+  // Drops the deduplication state of splits below the dispatcher's
+  // watermark (completed: no worker produces them again) -- but not while a
+  // request to a lost task is in flight, whose late reply could be a
+  // duplicate of one of them.
+  void ForgetCompletedSplitsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, t] : tasks_) {
+      if (t.lost && t.in_flight > 0) return;
+    }
+    seen_.erase(seen_.begin(), seen_.lower_bound(split_watermark_));
+  }
+
+  // Records (split, index); false if it was delivered before.
+  bool FirstDeliveryLocked(int64_t split_id, int64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (split_id <= 0 || index < 0) return true;  // untracked
+    // A late reply for a split forgotten as completed: prefer delivering it
+    // (at least once) to dropping an element that may be new.
+    if (split_id < split_watermark_ && !seen_.count(split_id)) return true;
+    SplitSeen& s = seen_[split_id];
+    if (index < s.prefix || s.beyond.count(index)) return false;
+    if (index != s.prefix) {
+      s.beyond.insert(index);
+      return true;
+    }
+    ++s.prefix;
+    while (!s.beyond.empty() && *s.beyond.begin() == s.prefix) {
+      s.beyond.erase(s.beyond.begin());
+      ++s.prefix;
+    }
+    return true;
   }
 
   void HeartbeatLoop() {
@@ -341,6 +385,7 @@ class DataServiceIterator final : public Iterator {
           if (t != nullptr) {
             transport = t->transport;
             task_id = t->id;
+            ++t->in_flight;
             break;
           }
           // Nothing readable now: wait for a change (or a retry time).
@@ -365,6 +410,7 @@ class DataServiceIterator final : public Iterator {
       auto it = tasks_.find(task_id);
       if (it == tasks_.end()) continue;
       Task& t = it->second;
+      if (--t.in_flight == 0 && t.lost) ForgetCompletedSplitsLocked();
       if (r.ok()) {
         t.failures = 0;
         if (r->end_of_sequence) {
@@ -373,7 +419,17 @@ class DataServiceIterator final : public Iterator {
           t.received += static_cast<int64_t>(r->elements.size());
           GetCounters().elements += static_cast<int64_t>(r->elements.size());
           GetCounters().bytes += static_cast<int64_t>(r->bytes);
-          results_.push_back(std::move(r->elements));
+          std::vector<Element> fresh;
+          fresh.reserve(r->elements.size());
+          for (size_t i = 0; i < r->elements.size(); ++i) {
+            SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
+            if (FirstDeliveryLocked(pos.split_id, pos.index)) {
+              fresh.push_back(std::move(r->elements[i]));
+            } else {
+              GetCounters().duplicates++;  // a reassigned split's element we already have
+            }
+          }
+          if (!fresh.empty()) results_.push_back(std::move(fresh));
         }
         continue;
       }
@@ -397,6 +453,7 @@ class DataServiceIterator final : public Iterator {
 
   const proto::DatasetNode::DataService node_;
   const std::string address_;
+  const bool distributed_;
   std::unique_ptr<proto::DispatcherService::Stub> stub_;
   int64_t client_id_ = 0;
   std::vector<std::thread> threads_;
@@ -414,6 +471,9 @@ class DataServiceIterator final : public Iterator {
   bool warned_no_ucx_ ABSL_GUARDED_BY(mu_) = false;
   // Bumped when a request completes or a buffered reply is consumed.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // distributed_epoch: per split, what was delivered (see FirstDeliveryLocked).
+  std::map<int64_t, SplitSeen> seen_ ABSL_GUARDED_BY(mu_);
+  int64_t split_watermark_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* heartbeat_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -436,11 +496,6 @@ bool ContainsDataService(const internal::Analysis& a) {
 
 absl::Status ValidateOptions(const DistributeOptions& o) {
   SLUICE_RETURN_IF_ERROR(internal::ParseProcessingMode(o.processing_mode).status());
-  if (o.processing_mode == "distributed_epoch") {
-    return absl::UnimplementedError(
-        "Distribute: processing_mode distributed_epoch is not available yet; use "
-        "parallel_epochs");
-  }
   if (o.service.empty()) {
     return absl::InvalidArgumentError(
         "Distribute: options.service is empty; set it to the dispatcher's grpc://host:port");
@@ -534,6 +589,7 @@ DataServiceStats GetDataServiceStats() {
   s.worker_errors = c.worker_errors.load();
   s.iterations_started = c.started.load();
   s.iterations_released = c.released.load();
+  s.duplicates_dropped = c.duplicates.load();
   return s;
 }
 

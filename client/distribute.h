@@ -10,6 +10,11 @@
 // Semantics (as tf.data service):
 //  - parallel_epochs: every worker produces the whole dataset, so with N
 //    workers each element arrives N times (in no particular order).
+//  - distributed_epoch: the dispatcher splits the pipeline's one source and
+//    workers pull splits, so each element is produced once per epoch; a
+//    lost worker's unfinished splits are re-produced by the others and the
+//    client drops elements it already delivered (docs/service.md states the
+//    exact guarantee).
 //  - job_name: every consumer (thread or process) using the name reads the
 //    same job; the k-th iterator of each consumer reads the job's k-th
 //    iteration and consumers split its elements first-come-first-served. An
@@ -35,7 +40,9 @@
 namespace sluice {
 
 struct DistributeOptions {
-  // "parallel_epochs" ("distributed_epoch" arrives with dynamic sharding).
+  // "parallel_epochs" (every worker produces the whole dataset) or
+  // "distributed_epoch" (dynamic sharding: workers pull splits of the
+  // source from the dispatcher; see docs/service.md for the guarantees).
   std::string processing_mode = "parallel_epochs";
   // The dispatcher: "grpc://host:port" or "host:port".
   std::string service;
@@ -78,6 +85,9 @@ struct DataServiceStats {
   int64_t worker_errors = 0;      // failed element requests (retried)
   int64_t iterations_started = 0;
   int64_t iterations_released = 0;
+  // distributed_epoch: elements of a reassigned split that this process
+  // had already delivered, dropped.
+  int64_t duplicates_dropped = 0;
 };
 DataServiceStats GetDataServiceStats();
 

@@ -38,6 +38,7 @@ class DispatcherService final : public proto::DispatcherService::Service {
   SLUICE_FORWARD_RPC_(GetWorkers)
   SLUICE_FORWARD_RPC_(GetDataServiceMetadata)
   SLUICE_FORWARD_RPC_(GetDataServiceConfig)
+  SLUICE_FORWARD_RPC_(GetSplit)
 #undef SLUICE_FORWARD_RPC_
 
  private:
@@ -70,11 +71,12 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
     return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is not in 0..65535"));
   }
   for (int64_t v : {config.job_gc_check_interval_ms, config.job_gc_timeout_ms,
-                    config.worker_timeout_ms, config.client_timeout_ms}) {
+                    config.worker_timeout_ms, config.client_timeout_ms,
+                    config.range_split_elements}) {
     if (v <= 0) {
       return absl::InvalidArgumentError(
-          "job_gc_check_interval_ms, job_gc_timeout_ms, worker_timeout_ms and "
-          "client_timeout_ms must be > 0");
+          "job_gc_check_interval_ms, job_gc_timeout_ms, worker_timeout_ms, "
+          "client_timeout_ms and range_split_elements must be > 0");
     }
   }
   auto impl = std::make_unique<Impl>();

@@ -28,6 +28,9 @@ struct DispatcherConfig {
   // Static worker list for static sharding policies (distributed_epoch
   // issue); kept and reported, not yet used.
   std::vector<std::string> worker_addresses;
+  // distributed_epoch: a Range source is split into sub-ranges of this many
+  // elements (FromTensors: one element per split; ListFiles: one file).
+  int64_t range_split_elements = 32;
   // How often timeouts and garbage collection are checked.
   int64_t job_gc_check_interval_ms = 1000;
   // An iteration no client has read for this long is collected and its

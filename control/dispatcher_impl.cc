@@ -1,7 +1,10 @@
 #include "sluice/control/dispatcher_impl.h"
 #include "sluice/control/grpc_util.h"
 
+#include <glob.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -49,6 +52,7 @@ void DispatcherImpl::CreateTaskLocked(Iteration& it, Worker& w) {
   *def.mutable_dataset() = datasets_.at(job.dataset_id).def;
   def.set_processing_mode(job.mode);
   def.set_worker_index(w.index);
+  def.set_split_tracked(job.split_tracked);
   w.pending_new.push_back(std::move(def));
   w.tasks.insert(t.id);
   it.tasks.insert(t.id);
@@ -63,6 +67,9 @@ void DispatcherImpl::FinishTaskLocked(Task& t, bool lost) {
   } else {
     t.completed = true;
   }
+  // A lost task's open splits go to other tasks; a task that ended its
+  // pipeline on its own (e.g. Take) chose not to read the rest of its.
+  ReleaseSplitsLocked(t, /*requeue=*/lost);
   auto it = iterations_.find(t.iteration_id);
   if (it == iterations_.end()) return;
   ++it->second.version;
@@ -248,11 +255,13 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
       return absl::OkStatus();
     }
   }
-  if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
-    return absl::UnimplementedError(
-        "processing_mode distributed_epoch is not available yet; use parallel_epochs");
-  }
   Job job;
+  if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+    auto source = FindSplitSource(datasets_.at(req.dataset_id()).def.root());
+    if (!source.ok()) return source.status();
+    job.split_source = *source->source;
+    job.split_tracked = source->tracked;
+  }
   job.id = next_id_++;
   job.dataset_id = req.dataset_id();
   job.mode = req.processing_mode();
@@ -289,6 +298,7 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
     }
   } else {
     Iteration it;
+    if (job.mode == proto::DISTRIBUTED_EPOCH) SLUICE_RETURN_IF_ERROR(MakeSplitProviderLocked(job, it));
     it.id = next_id_++;
     it.job_id = job.id;
     it.repetition = req.repetition();
@@ -350,6 +360,10 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
     info->set_lost(t.lost);
   }
   resp->set_iteration_finished(it.finished || (it.collected && it.tasks.empty()));
+  if (it.splits != nullptr) {
+    resp->set_completed_split_watermark(it.splits->open.empty() ? next_id_
+                                                                : it.splits->open.begin()->first);
+  }
   if (!it.error.ok()) *resp->mutable_error() = ToProto(it.error);
   resp->set_version(it.version);
   return absl::OkStatus();
@@ -390,6 +404,8 @@ void DispatcherImpl::CollectLocked(Iteration& it) {
     tasks_.erase(t);
   }
   it.tasks.clear();
+  it.splits.reset();
+  ++it.split_version;
   it.collected = true;
   ++it.version;
   ++stats_.collected_iterations;
@@ -460,6 +476,218 @@ void DispatcherImpl::Tick() {
       iterations_.erase(iteration_id);
     }
     jobs_.erase(job_id);
+  }
+}
+
+// ---- distributed_epoch: splits ------------------------------------------------------
+
+namespace {
+
+// Number of positions of a Range (as Python's len(range(...))).
+int64_t RangeLength(const proto::DatasetNode::Range& r) {
+  __int128 span = static_cast<__int128>(r.stop()) - r.start();
+  if (r.step() == 0 || (r.step() > 0 && span <= 0) || (r.step() < 0 && span >= 0)) return 0;
+  __int128 step = r.step();
+  if (step < 0) {
+    span = -span;
+    step = -step;
+  }
+  return static_cast<int64_t>((span + step - 1) / step);
+}
+
+absl::StatusOr<std::vector<std::string>> Glob(const std::string& pattern) {
+  glob_t g;
+  std::memset(&g, 0, sizeof(g));
+  int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) files.push_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
+    return absl::NotFoundError(absl::StrCat(
+        "distributed_epoch: ListFiles: no files match '", pattern,
+        "' on the dispatcher (it lists the files to split them; workers and the dispatcher "
+        "must see the same file system)"));
+  }
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("distributed_epoch: ListFiles: the dispatcher cannot read '", pattern, "'"));
+  }
+  return files;
+}
+
+}  // namespace
+
+absl::Status DispatcherImpl::MakeSplitProviderLocked(const Job& job, Iteration& it) {
+  auto p = std::make_unique<SplitProvider>();
+  const proto::DatasetNode& src = job.split_source;
+  switch (src.op_case()) {
+    case proto::DatasetNode::kRange:
+      p->positions = RangeLength(src.range());
+      p->split_elements = config_.range_split_elements;
+      break;
+    case proto::DatasetNode::kFromTensors:
+      p->positions = src.from_tensors().elements_size();
+      break;
+    case proto::DatasetNode::kListFiles: {
+      auto files = Glob(src.list_files().pattern());
+      if (!files.ok()) return files.status();
+      p->files = *std::move(files);
+      p->positions = static_cast<int64_t>(p->files.size());
+      break;
+    }
+    default:
+      return absl::InternalError("distributed_epoch job without a split source");
+  }
+  p->split_elements = std::max<int64_t>(1, p->split_elements);
+  it.splits = std::move(p);
+  return absl::OkStatus();
+}
+
+void DispatcherImpl::CompleteSplitLocked(Iteration& it, Task& t, int64_t split_id) {
+  SplitProvider& p = *it.splits;
+  auto o = p.open.find(split_id);
+  // Unknown (completed before) or reassigned since: the report is stale.
+  if (o == p.open.end() || o->second.holder_task != t.id) return;
+  const int64_t epoch = o->second.def.epoch();
+  p.open.erase(o);
+  t.held_splits.erase(split_id);
+  ++stats_.splits_completed;
+  ++it.split_version;
+  auto e = p.epochs.find(epoch);
+  if (e != p.epochs.end()) --e->second.open;
+  // Forget epochs that completed, lowest first.
+  while (true) {
+    auto low = p.epochs.find(p.done_below);
+    if (low == p.epochs.end()) break;
+    const Epoch& ep = low->second;
+    if (ep.open > 0 || !ep.queue.empty() || ep.next_position < p.positions) break;
+    p.epochs.erase(low);
+    ++p.done_below;
+  }
+}
+
+void DispatcherImpl::ReleaseSplitsLocked(Task& t, bool requeue) {
+  if (t.held_splits.empty()) return;
+  auto iit = iterations_.find(t.iteration_id);
+  if (iit == iterations_.end() || iit->second.splits == nullptr) {
+    t.held_splits.clear();
+    return;
+  }
+  Iteration& it = iit->second;
+  std::set<int64_t> held;
+  held.swap(t.held_splits);
+  if (!requeue) {
+    for (int64_t id : held) {
+      t.held_splits.insert(id);
+      CompleteSplitLocked(it, t, id);
+    }
+    t.held_splits.clear();
+    return;
+  }
+  SplitProvider& p = *it.splits;
+  // Highest id first onto the front: the queue then hands them out in order.
+  for (auto r = held.rbegin(); r != held.rend(); ++r) {
+    auto o = p.open.find(*r);
+    if (o == p.open.end()) continue;
+    o->second.holder_task = 0;
+    p.epochs[o->second.def.epoch()].queue.push_front(*r);
+    ++stats_.splits_reassigned;
+  }
+  spdlog::warn("dispatcher: task {} was lost holding {} unfinished split(s) of iteration {}; "
+               "they go to the remaining workers",
+               t.id, held.size(), it.id);
+  ++it.split_version;
+}
+
+void DispatcherImpl::NextSplitLocked(Iteration& it, Task& t, int64_t epoch,
+                                     proto::GetSplitResponse* resp) {
+  SplitProvider& p = *it.splits;
+  resp->set_epoch_had_splits(p.positions > 0);
+  if (epoch < p.done_below) {
+    resp->set_end_of_splits(true);
+    return;
+  }
+  Epoch& e = p.epochs[epoch];
+  int64_t id = 0;
+  if (!e.queue.empty()) {
+    id = e.queue.front();
+    e.queue.pop_front();
+  } else if (e.next_position < p.positions) {
+    id = next_id_++;
+    OpenSplit o;
+    o.def.set_split_id(id);
+    o.def.set_epoch(epoch);
+    const int64_t begin = e.next_position;
+    const int64_t end = p.files.empty() ? std::min(p.positions, begin + p.split_elements)
+                                        : begin + 1;
+    if (p.files.empty()) {
+      o.def.set_begin(begin);
+      o.def.set_end(end);
+    } else {
+      o.def.set_begin(0);
+      o.def.set_end(1);
+      o.def.set_file(p.files[begin]);
+    }
+    e.next_position = end;
+    ++e.open;
+    ++stats_.splits_created;
+    p.open.emplace(id, std::move(o));
+  } else if (e.open == 0) {
+    resp->set_end_of_splits(true);
+    return;
+  } else {
+    resp->set_not_ready(true);  // others hold the rest: one may be lost
+    return;
+  }
+  OpenSplit& o = p.open.at(id);
+  o.holder_task = t.id;
+  t.held_splits.insert(id);
+  *resp->mutable_split() = o.def;
+}
+
+absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
+                                      proto::GetSplitResponse* resp) {
+  const absl::Time deadline = clock_() + absl::Milliseconds(std::max<int64_t>(0, req.wait_ms()));
+  absl::MutexLock l(&mu_);
+  while (true) {
+    auto t = tasks_.find(req.task_id());
+    if (t == tasks_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("GetSplit: task ", req.task_id(), " does not exist (collected)"));
+    }
+    Task& task = t->second;
+    if (task.worker != req.worker_address()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GetSplit: task ", task.id, " belongs to worker ", task.worker, ", not ",
+          req.worker_address()));
+    }
+    Iteration& it = iterations_.at(task.iteration_id);
+    if (it.splits == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GetSplit: iteration ", it.id, " is not distributed_epoch (or was collected)"));
+    }
+    for (int64_t id : req.completed_splits()) CompleteSplitLocked(it, task, id);
+    if (req.report_only()) return absl::OkStatus();
+    if (task.lost) {
+      // Its splits went to other workers; handing it more would strand them.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "GetSplit: task ", task.id, " on worker ", task.worker,
+          " was declared lost (no heartbeat for ", config_.worker_timeout_ms,
+          " ms); its splits were reassigned"));
+    }
+    resp->Clear();
+    NextSplitLocked(it, task, req.epoch(), resp);
+    if (!resp->not_ready() || shutdown_ || clock_() >= deadline) return absl::OkStatus();
+    // Wait for a change to the splits (a completion, a reassignment).
+    const int64_t iteration_id = it.id, seen = it.split_version;
+    auto changed = [this, iteration_id, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto i = iterations_.find(iteration_id);
+      return shutdown_ || i == iterations_.end() || i->second.split_version != seen;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&changed), deadline - clock_());
+    if (!changed()) return absl::OkStatus();  // still not ready
   }
 }
 

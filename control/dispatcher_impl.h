@@ -7,8 +7,16 @@
 //   iteration  one pass over a job's dataset: consumers' k-th iterator of a
 //              job reads the job's k-th iteration (repetition k).
 //   task       an iteration's share on one worker (parallel_epochs: the
-//              whole dataset on every worker).
+//              whole dataset on every worker; distributed_epoch: the splits
+//              it pulls).
 //   iteration client  one consumer's membership in an iteration.
+//   split      (distributed_epoch) a part of the pipeline's only source: a
+//              sub-range of a Range (range_split_elements positions), one
+//              element of a FromTensors, one file of a ListFiles. Each
+//              iteration has a split provider; each worker-side repetition
+//              of the source (an enclosing Repeat) is an epoch with its own
+//              splits. A split is open from creation until its holder
+//              reports it completed.
 //
 // Protocol
 //   Workers call WorkerHeartbeat in a loop (long poll: the reply waits up to
@@ -20,14 +28,25 @@
 //   ClientHeartbeat (long poll on the iteration's version) to learn tasks,
 //   lost tasks, failure and the end of the iteration; ReleaseIterationClient
 //   when done. Tick() expires workers and clients and collects iterations.
+//   distributed_epoch: a task's source calls GetSplit(task, epoch) for its
+//   next split, reporting the splits it completed. A split's holder is
+//   recorded; when a task is lost (its worker timed out or no longer holds
+//   it) its open splits go back to the front of their epoch's queue and are
+//   handed to other tasks. GetSplit answers end_of_splits for an epoch only
+//   once every split of it completed (not_ready while others still hold
+//   some), so a task stays alive to take over reassigned splits. Splits held
+//   by a task that completes normally (e.g. a Take ended its pipeline) are
+//   dropped as completed.
 //
 // Thread safety: every method may be called from any thread; one mutex
 // guards all state. Time comes from the injected clock so tests can drive
 // timeouts.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -74,6 +93,10 @@ class DispatcherImpl {
   absl::Status GetDataServiceConfig(const proto::GetDataServiceConfigRequest& req,
                                     proto::GetDataServiceConfigResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // distributed_epoch. Long poll: when nothing can be handed out yet, waits
+  // up to req.wait_ms for a split to become available or the epoch to end.
+  absl::Status GetSplit(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires workers and clients, collects idle iterations.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
@@ -84,6 +107,7 @@ class DispatcherImpl {
   struct Stats {
     int64_t workers = 0, jobs = 0, iterations = 0, live_tasks = 0, iteration_clients = 0;
     int64_t lost_workers = 0, collected_iterations = 0;
+    int64_t splits_created = 0, splits_completed = 0, splits_reassigned = 0;
   };
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -100,6 +124,27 @@ class DispatcherImpl {
     std::string name;
     int64_t num_consumers = 0;
     std::map<int64_t, int64_t> iteration_by_repetition;
+    // distributed_epoch: the split source and whether elements are tagged.
+    proto::DatasetNode split_source;
+    bool split_tracked = false;
+  };
+  // distributed_epoch: one iteration's splits.
+  struct OpenSplit {
+    proto::SplitProto def;
+    int64_t holder_task = 0;  // 0: queued
+  };
+  struct Epoch {
+    std::deque<int64_t> queue;  // open splits to hand out (reassigned ones first)
+    int64_t next_position = 0;  // splits are created lazily from here
+    int64_t open = 0;           // created, not completed
+  };
+  struct SplitProvider {
+    int64_t positions = 0;        // source positions per epoch (files: count)
+    int64_t split_elements = 1;   // positions per split
+    std::vector<std::string> files;  // ListFiles: the matched files, sorted
+    std::map<int64_t, Epoch> epochs;
+    int64_t done_below = 0;       // every epoch below this has completed
+    std::map<int64_t, OpenSplit> open;
   };
   struct Iteration {
     int64_t id = 0;
@@ -112,6 +157,8 @@ class DispatcherImpl {
     absl::Status error;
     absl::Time idle_since;  // when the last client left
     int64_t version = 0;    // bumped on every change clients can see
+    std::unique_ptr<SplitProvider> splits;  // distributed_epoch only
+    int64_t split_version = 0;              // bumped when splits change (wakes GetSplit)
   };
   struct Task {
     int64_t id = 0;
@@ -120,6 +167,7 @@ class DispatcherImpl {
     bool completed = false;
     bool lost = false;
     bool delivered = false;  // the worker received it in a heartbeat reply
+    std::set<int64_t> held_splits;  // distributed_epoch: open splits it holds
   };
   struct Worker {
     std::string address, transfer_address, protocol;
@@ -142,6 +190,16 @@ class DispatcherImpl {
   void RemoveClientLocked(int64_t client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CollectLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveWorkerLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // distributed_epoch helpers.
+  absl::Status MakeSplitProviderLocked(const Job& job, Iteration& it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteSplitLocked(Iteration& it, Task& t, int64_t split_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseSplitsLocked(Task& t, bool requeue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands out the next split of `epoch` to `t`, or says the epoch ended or
+  // that nothing is available yet.
+  void NextSplitLocked(Iteration& it, Task& t, int64_t epoch, proto::GetSplitResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DispatcherConfig config_;
   const Clock clock_;

@@ -33,12 +33,22 @@ struct ElementRequest {
   int64_t max_bytes = 0;
 };
 
+struct SplitPosition {
+  int64_t split_id = -1;
+  int64_t index = -1;
+};
+
 struct ElementResult {
   bool end_of_sequence = false;
   bool not_ready = false;  // nothing yet; ask again
   // At least one element unless a flag is set, in the task's order.
   std::vector<Element> elements;
   size_t bytes = 0;  // frame bytes received
+  // Parallel to `elements`: for distributed_epoch (split-tracked
+  // pipelines) the split each element came from and its index in that
+  // split's output; -1 otherwise. The client drops a (split_id, index) it
+  // already delivered.
+  std::vector<SplitPosition> positions;
 };
 
 class ElementTransport {

@@ -58,6 +58,7 @@ class GrpcElementTransport final : public ElementTransport {
                                               decoded.status().message()));
     }
     out.elements.push_back(std::move(decoded->element));
+    out.positions.push_back({resp.split_id(), resp.split_index()});
     return out;
   }
 

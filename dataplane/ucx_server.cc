@@ -196,6 +196,8 @@ struct UcxElementServer::Impl {
         h.flags = r->end_of_sequence ? ucx::kReplyEndOfSequence : ucx::kReplyNotReady;
       } else if (r->frames.size() == 1) {
         FrameBuffer& f = r->frames[0];
+        h.split_id = f.position.split_id;
+        h.split_index = f.position.index;
         if (f.payload != nullptr) {
           h.flags = ucx::kReplySplitFrame;
           out->reply.append(reinterpret_cast<const char*>(f.data), f.size);
@@ -249,7 +251,8 @@ struct UcxElementServer::Impl {
     size_t total = ucx::AlignUp64(sizeof(ucx::BatchHeader) + n * sizeof(ucx::BatchEntry));
     std::vector<ucx::BatchEntry> entries(n);
     for (size_t i = 0; i < n; ++i) {
-      entries[i] = {total, frames[i].frame_size(), -1, -1};
+      entries[i] = {total, frames[i].frame_size(), frames[i].position.split_id,
+                    frames[i].position.index};
       total += ucx::AlignUp64(frames[i].frame_size());
     }
     SLUICE_ASSIGN_OR_RETURN(out->blob, send_pool->Acquire(total));

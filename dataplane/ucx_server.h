@@ -29,6 +29,7 @@ struct FrameBuffer {
   std::shared_ptr<void> owner;
   const uint8_t* payload = nullptr;
   size_t payload_size = 0;
+  SplitPosition position;  // see ElementResult::positions
   size_t frame_size() const;  // the decoded frame's size, padding included
 };
 // Allocates a frame buffer of `size` bytes (may be called from any thread).

@@ -85,6 +85,7 @@ struct Pending {
   uint16_t kind = 0;        // 0 (one frame), kReplySplitFrame or kReplyBatch
   size_t header_bytes = 0;  // split frame: the inline header in front
   size_t data_size = 0;     // bytes received after header_bytes
+  SplitPosition position;   // of a single element
 };
 
 class UcxClient;
@@ -179,6 +180,7 @@ class UcxClient {
       auto decoded = DecodeFrame(data + e.offset, e.size, buffer);
       if (!decoded.ok()) return BadReply(decoded.status().message());
       r->elements.push_back(std::move(decoded->element));
+      r->positions.push_back({e.split_id, e.split_index});
     }
     return absl::OkStatus();
   }
@@ -200,6 +202,7 @@ class UcxClient {
       auto decoded = DecodeFrame(p->buffer->data, frame_size, p->buffer);
       if (!decoded.ok()) return Complete(p, BadReply(decoded.status().message()));
       r.elements.push_back(std::move(decoded->element));
+      r.positions.push_back(p->position);
     }
     r.bytes = received;
     Counters().elements += static_cast<int64_t>(r.elements.size());
@@ -246,6 +249,7 @@ class UcxClient {
       return drop();
     }
     p->header_bytes = p->kind == ucx::kReplySplitFrame ? inline_len : 0;
+    p->position = {h.split_id, h.split_index};
     p->data_size = length;
     auto buffer = self->pool_->Acquire(p->header_bytes + ucx::AlignUp64(length));
     if (!buffer.ok()) {

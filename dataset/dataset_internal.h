@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "dataset/dataset.pb.h"
@@ -59,10 +61,53 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeTree(
     std::shared_ptr<const void> keep_alive, const proto::DatasetNode& node,
     const ElementSpec* placeholder);
 
+// Dynamic sharding (distributed_epoch): a part of the pipeline's only
+// source, handed out by the dispatcher.
+struct Split {
+  int64_t id = 0;
+  int64_t begin = 0, end = 0;  // Range / FromTensors source positions [begin, end)
+  std::string file;            // ListFiles: the split's one file
+};
+
+// Where a pipeline's split source (the one Range, FromTensors or ListFiles
+// of a distributed_epoch pipeline) gets its splits. Implemented by the
+// worker (a prefetching client of the dispatcher's GetSplit). Called only
+// from the thread that drives the pipeline.
+class SplitSource {
+ public:
+  virtual ~SplitSource() = default;
+  // A source iterator starts: returns its epoch (0, 1, ... for each
+  // repetition of the source by an enclosing Repeat).
+  virtual int64_t BeginEpoch() = 0;
+  // The next split of `epoch`, nullopt once every split of it completed.
+  // Calling it means the previous split of this source is read to the end.
+  virtual absl::StatusOr<std::optional<Split>> Next(int64_t epoch) = 0;
+  // After Next(epoch) returned nullopt: whether the epoch had splits at all
+  // (on any worker). Repeat ends on an epoch empty everywhere, not on one
+  // that other workers processed.
+  virtual bool EpochHadSplits(int64_t epoch) = 0;
+};
+
 struct IteratorContext {
   uint64_t salt = 0;                    // varies shuffles per iteration and epoch
   const Element* placeholder = nullptr;  // the element a Placeholder yields
+  // Non-null: the pipeline's source reads splits from here (not inherited
+  // by Interleave's per-element datasets).
+  SplitSource* splits = nullptr;
 };
+
+// The source that dynamic sharding splits, found in a definition.
+struct SplitSourceInfo {
+  const proto::DatasetNode* source = nullptr;  // Range, FromTensors or ListFiles
+  // Every op between the source and the root keeps output elements tied to
+  // the source element they came from, in order (Map, Filter, Take, Skip,
+  // Shard, Unbatch, Repeat, ReadRecords, ReadFixedLengthRecords): output
+  // elements can be tagged with (split, index in split).
+  bool tracked = true;
+};
+// InvalidArgument (naming the op) unless the pipeline has exactly one
+// splittable source outside Interleave functions.
+absl::StatusOr<SplitSourceInfo> FindSplitSource(const proto::DatasetNode& root);
 
 absl::StatusOr<std::unique_ptr<Iterator>> MakeNodeIterator(
     std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx);

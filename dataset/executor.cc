@@ -85,6 +85,50 @@ class FromTensorsIterator : public NodeIterator {
   size_t i_ = 0;
 };
 
+// A Range, FromTensors or ListFiles source under dynamic sharding: yields
+// the elements of the splits it gets from ctx.splits, one split after the
+// other.
+class SplitReaderIterator : public NodeIterator {
+ public:
+  SplitReaderIterator(AnalysisPtr a, SplitSource* splits)
+      : NodeIterator(std::move(a)), splits_(splits), epoch_(splits->BeginEpoch()) {}
+  Result Next() override {
+    while (true) {
+      if (split_ && pos_ < split_->end) {
+        const int64_t pos = pos_++;
+        switch (node().op_case()) {
+          case proto::DatasetNode::kRange: {
+            const auto& r = node().range();
+            return Some({Tensor::Scalar<int64_t>(
+                static_cast<int64_t>(static_cast<__int128>(r.start()) +
+                                     static_cast<__int128>(pos) * r.step()))});
+          }
+          case proto::DatasetNode::kFromTensors:
+            if (pos < 0 || pos >= static_cast<int64_t>(a_->elements.size())) {
+              return absl::OutOfRangeError(absl::StrCat(
+                  "split ", split_->id, " names element ", pos, " of a FromTensors source with ",
+                  a_->elements.size()));
+            }
+            return Some(a_->elements[pos]);
+          case proto::DatasetNode::kListFiles:
+            return Some({Tensor::String(split_->file)});
+          default:
+            return absl::InternalError("split reader over a source that cannot be split");
+        }
+      }
+      SLUICE_ASSIGN_OR_RETURN(split_, splits_->Next(epoch_));
+      if (!split_) return End();
+      pos_ = split_->begin;
+    }
+  }
+
+ private:
+  SplitSource* const splits_;
+  const int64_t epoch_;
+  std::optional<Split> split_;
+  int64_t pos_ = 0;
+};
+
 class PlaceholderIterator : public NodeIterator {
  public:
   PlaceholderIterator(AnalysisPtr a, Element e) : NodeIterator(std::move(a)), e_(std::move(e)) {}
@@ -439,7 +483,12 @@ class RepeatIterator : public NodeIterator {
       }
       in_.reset();
       ++epoch_;
-      if (!produced_this_epoch_) return End();  // an empty epoch: stop, never spin
+      // An empty epoch stops the repetition (never spin) -- unless dynamic
+      // sharding gave this epoch's splits to other workers.
+      if (!produced_this_epoch_ &&
+          (ctx_.splits == nullptr || !ctx_.splits->EpochHadSplits(epoch_ - 1))) {
+        return End();
+      }
     }
     return End();
   }
@@ -558,7 +607,9 @@ class InterleaveIterator : public NodeIterator {
  public:
   InterleaveIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
       : NodeIterator(std::move(a)), in_(std::move(in)), ctx_(ctx),
-        slots_(static_cast<size_t>(node().interleave().cycle_length())) {}
+        slots_(static_cast<size_t>(node().interleave().cycle_length())) {
+    ctx_.splits = nullptr;  // per-element datasets read their own sources whole
+  }
   Result Next() override {
     while (!in_done_ || open_ > 0) {
       std::unique_ptr<Iterator>& slot = slots_[cycle_];
@@ -665,6 +716,17 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeUnsticky(AnalysisPtr a, const Iter
   const proto::DatasetNode& n = *a->node;
   switch (n.op_case()) {
     case proto::DatasetNode::kRange:
+    case proto::DatasetNode::kFromTensors:
+    case proto::DatasetNode::kListFiles:
+      if (ctx.splits != nullptr) {
+        return std::unique_ptr<Iterator>(new SplitReaderIterator(std::move(a), ctx.splits));
+      }
+      break;
+    default:
+      break;
+  }
+  switch (n.op_case()) {
+    case proto::DatasetNode::kRange:
       return std::unique_ptr<Iterator>(new RangeIterator(std::move(a)));
     case proto::DatasetNode::kFromTensors:
       return std::unique_ptr<Iterator>(new FromTensorsIterator(std::move(a)));
@@ -740,6 +802,61 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeNodeIterator(AnalysisPtr analysis,
                                                            const IteratorContext& ctx) {
   SLUICE_ASSIGN_OR_RETURN(auto it, MakeUnsticky(std::move(analysis), ctx));
   return std::unique_ptr<Iterator>(new StickyIterator(std::move(it)));
+}
+
+namespace {
+
+// Collects the splittable sources under `n` (outside Interleave functions)
+// and whether the path to each keeps elements tied to their source element.
+absl::Status CollectSources(const proto::DatasetNode& n, bool tracked,
+                            std::vector<SplitSourceInfo>* out) {
+  using N = proto::DatasetNode;
+  auto one = [&](const N& in, bool keeps) { return CollectSources(in, tracked && keeps, out); };
+  switch (n.op_case()) {
+    case N::kRange:
+    case N::kFromTensors:
+    case N::kListFiles:
+      out->push_back({&n, tracked});
+      return absl::OkStatus();
+    case N::kReadRecords: return one(n.read_records().filenames(), true);
+    case N::kReadFixedLengthRecords: return one(n.read_fixed_length_records().filenames(), true);
+    case N::kMap: return one(n.map().input(), true);
+    case N::kFilter: return one(n.filter().input(), true);
+    case N::kTake: return one(n.take().input(), true);
+    case N::kSkip: return one(n.skip().input(), true);
+    case N::kShard: return one(n.shard().input(), true);
+    case N::kUnbatch: return one(n.unbatch().input(), true);
+    case N::kRepeat: return one(n.repeat().input(), true);
+    case N::kBatch: return one(n.batch().input(), false);
+    case N::kShuffle: return one(n.shuffle().input(), false);
+    case N::kPrefetch: return one(n.prefetch().input(), false);
+    case N::kEnumerate: return one(n.enumerate().input(), false);
+    case N::kInterleave: return one(n.interleave().input(), false);
+    case N::kZip:
+      for (const N& in : n.zip().inputs()) SLUICE_RETURN_IF_ERROR(one(in, false));
+      return absl::OkStatus();
+    case N::kPlaceholder:
+    case N::kDataService:
+    case N::OP_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      "distributed_epoch: the pipeline has a node that cannot be split (a Placeholder outside "
+      "Interleave, a nested Distribute or an empty node)");
+}
+
+}  // namespace
+
+absl::StatusOr<SplitSourceInfo> FindSplitSource(const proto::DatasetNode& root) {
+  std::vector<SplitSourceInfo> sources;
+  SLUICE_RETURN_IF_ERROR(CollectSources(root, true, &sources));
+  if (sources.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "distributed_epoch needs a pipeline with exactly one Range, FromTensors or ListFiles "
+        "source (outside Interleave functions) to split; this one has ",
+        sources.size(), "; use parallel_epochs, or Zip/Interleave after Distribute"));
+  }
+  return sources[0];
 }
 
 }  // namespace sluice::internal

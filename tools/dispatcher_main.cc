@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   app.add_option("--client_timeout_ms", c.client_timeout_ms,
                  "a client silent for this long is released")
       ->capture_default_str();
+  app.add_option("--range_split_elements", c.range_split_elements,
+                 "distributed_epoch: elements per split of a Range source")
+      ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();

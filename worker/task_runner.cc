@@ -3,15 +3,17 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataset/dataset.h"
+#include "sluice/dataset/dataset_internal.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice::internal {
 
 TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator,
-                       std::function<void()> bind_thread)
+                       std::function<void()> bind_thread, std::unique_ptr<SplitClient> splits)
     : def_(std::move(def)),
       capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_elements))),
-      allocator_(std::move(allocator)) {
+      allocator_(std::move(allocator)),
+      splits_(std::move(splits)) {
   producer_ = std::thread([this, bind_thread = std::move(bind_thread)] {
     if (bind_thread) bind_thread();
     Produce();
@@ -24,8 +26,11 @@ TaskRunner::~TaskRunner() {
 }
 
 void TaskRunner::Stop() {
-  absl::MutexLock l(&mu_);
-  stop_ = true;
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  if (splits_) splits_->Stop();  // wakes a source waiting for a split
 }
 
 void TaskRunner::Produce() {
@@ -40,7 +45,9 @@ void TaskRunner::Produce() {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "the dataset does not validate on the worker: ", ds.status().message())));
   }
-  auto it = ds->MakeIterator();
+  IteratorContext ctx;
+  ctx.splits = splits_.get();
+  auto it = MakeNodeIterator(ds->rep()->analysis, ctx);
   if (!it.ok()) return fail(it.status());
   while (true) {
     {
@@ -53,7 +60,10 @@ void TaskRunner::Produce() {
       if (stop_) return;
     }
     auto e = (*it)->Next();
-    if (!e.ok()) return fail(e.status());
+    if (!e.ok()) {
+      if (absl::IsCancelled(e.status())) return;  // stopped while waiting for a split
+      return fail(e.status());
+    }
     if (!e->has_value()) {
       absl::MutexLock l(&mu_);
       produced_all_ = true;
@@ -61,6 +71,9 @@ void TaskRunner::Produce() {
     }
     auto frame = EncodeServedFrame(**e, allocator_);
     if (!frame.ok()) return fail(frame.status());
+    if (splits_) {
+      std::tie(frame->position.split_id, frame->position.index) = splits_->Tag();
+    }
     absl::MutexLock l(&mu_);
     buffered_bytes_ += frame->frame_size();
     buffer_.push_back(*std::move(frame));
@@ -82,6 +95,8 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t ma
       buffered_bytes_ -= buffer_.front().frame_size();
       out.frames.push_back(std::move(buffer_.front()));
       buffer_.pop_front();
+      // Handed to the data plane from here on: the split may complete.
+      if (splits_) splits_->Served(out.frames.back().position.split_id);
     } while (!buffer_.empty() && out.frames.back().payload == nullptr &&
              buffer_.front().payload == nullptr &&
              static_cast<int64_t>(out.frames.size()) < max_elements &&

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "control/service.pb.h"
 #include "sluice/dataplane/ucx_server.h"
+#include "sluice/worker/split_client.h"
 
 namespace sluice::internal {
 
@@ -25,8 +26,10 @@ class TaskRunner {
   // Frames are encoded into buffers from `allocator` (registered memory on
   // the UCX path).
   // `bind_thread` (optional) runs first on the producer thread.
+  // `splits` (distributed_epoch) feeds the pipeline's source and tags the
+  // elements; the runner stops it.
   TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator,
-             std::function<void()> bind_thread = {});
+             std::function<void()> bind_thread = {}, std::unique_ptr<SplitClient> splits = {});
   ~TaskRunner();  // stops and joins the producer
 
   static constexpr size_t kSmallBufferBytes = size_t{1} << 20;
@@ -54,6 +57,7 @@ class TaskRunner {
   const size_t capacity_;
   mutable absl::Mutex mu_;
   const FrameAllocator allocator_;
+  const std::unique_ptr<SplitClient> splits_;  // null unless distributed_epoch
   std::deque<FrameBuffer> buffer_ ABSL_GUARDED_BY(mu_);
   size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // frame bytes in buffer_
   bool produced_all_ ABSL_GUARDED_BY(mu_) = false;

@@ -113,6 +113,11 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       std::string* out = resp->mutable_frame();
       out->resize(f.frame_size());
       internal::WriteFrame(f, reinterpret_cast<uint8_t*>(out->data()));
+      resp->set_split_id(f.position.split_id);
+      resp->set_split_index(f.position.index);
+    } else {
+      resp->set_split_id(-1);
+      resp->set_split_index(-1);
     }
     return grpc::Status::OK;
   }
@@ -156,11 +161,16 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       }
       for (const auto& def : resp.new_tasks()) {
         if (tasks.count(def.task_id())) continue;
+        std::unique_ptr<internal::SplitClient> splits;
+        if (def.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+          splits = std::make_unique<internal::SplitClient>(dispatcher.get(), address,
+                                                           def.task_id(), def.split_tracked());
+        }
         tasks.emplace(def.task_id(),
                       std::make_shared<TaskRunner>(def, config.task_buffer_elements,
                                                    ucx ? ucx->frame_allocator()
                                                        : internal::HeapFrameAllocator(),
-                                                   bind_thread));
+                                                   bind_thread, std::move(splits)));
       }
       for (int64_t id : resp.tasks_to_delete()) {
         auto it = tasks.find(id);

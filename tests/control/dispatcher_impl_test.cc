@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <string>
@@ -158,6 +160,21 @@ class DispatcherImplTest : public ::testing::Test {
     return resp;
   }
 
+  absl::StatusOr<proto::GetSplitResponse> Split(const std::string& worker, int64_t task,
+                                                 int64_t epoch = 0,
+                                                 const std::vector<int64_t>& completed = {}) {
+    proto::GetSplitRequest req;
+    req.set_worker_address(worker);
+    req.set_task_id(task);
+    req.set_epoch(epoch);
+    for (int64_t id : completed) req.add_completed_splits(id);
+    req.set_wait_ms(0);
+    proto::GetSplitResponse resp;
+    absl::Status s = d_->GetSplit(req, &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   static std::vector<int64_t> TaskIds(const proto::WorkerHeartbeatResponse& r) {
     std::vector<int64_t> ids;
     for (const auto& t : r.new_tasks()) ids.push_back(t.task_id());
@@ -281,8 +298,10 @@ TEST_F(DispatcherImplTest, GetOrCreateJobValidatesItsRequest) {
   ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
   EXPECT_STATUS(Job(ds, "", proto::PROCESSING_MODE_UNSPECIFIED),
                 absl::StatusCode::kInvalidArgument, "processing_mode is unspecified");
-  EXPECT_STATUS(Job(ds, "", proto::DISTRIBUTED_EPOCH), absl::StatusCode::kUnimplemented,
-                "distributed_epoch");
+  ASSERT_OK_AND_ASSIGN(std::string zip,
+                       Register(Dataset::Zip({Dataset::Range(3), Dataset::Range(4)}).def()));
+  EXPECT_STATUS(Job(zip, "", proto::DISTRIBUTED_EPOCH), absl::StatusCode::kInvalidArgument,
+                "exactly one Range, FromTensors or ListFiles source");
   EXPECT_EQ(d_->GetStats().jobs, 0);
 }
 
@@ -312,8 +331,7 @@ TEST_F(DispatcherImplTest, NamedJobWithDifferentParametersIsRejected) {
   EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument, "requested " + ds6);
 
   // A different processing mode: the existing job's parameters win and the
-  // message names the difference (even though distributed_epoch itself is
-  // not available yet; a new job in that mode is Unimplemented).
+  // message names the difference.
   EXPECT_STATUS(Job(ds5, "train", proto::DISTRIBUTED_EPOCH), absl::StatusCode::kInvalidArgument,
                 "job 'train' exists with processing_mode=parallel_epochs; requested "
                 "distributed_epoch");
@@ -1059,6 +1077,166 @@ TEST(DispatcherImplLongPollTest, WorkerInALongPollIsNotExpired) {
 }
 
 // ---- introspection ------------------------------------------------------------------
+
+// ---- distributed_epoch -------------------------------------------------------------
+
+// Starts `workers`, a distributed_epoch job over `def` and its first
+// iteration; returns each worker's task id.
+class DistributedEpochTest : public DispatcherImplTest {
+ protected:
+  std::vector<int64_t> Start(const proto::DatasetDef& def, const std::vector<std::string>& workers) {
+    for (const auto& w : workers) EXPECT_OK(WorkerHb(w).status());
+    auto ds = Register(def);
+    EXPECT_OK(ds.status());
+    auto job = Job(*ds, "", proto::DISTRIBUTED_EPOCH);
+    EXPECT_OK(job.status());
+    auto it = Iteration(*job);
+    EXPECT_OK(it.status());
+    client_ = it->iteration_client_id();
+    std::vector<int64_t> tasks;
+    for (const auto& w : workers) {
+      auto hb = WorkerHb(w);
+      EXPECT_OK(hb.status());
+      EXPECT_EQ(hb->new_tasks_size(), 1);
+      EXPECT_EQ(hb->new_tasks(0).processing_mode(), proto::DISTRIBUTED_EPOCH);
+      tasks.push_back(hb->new_tasks(0).task_id());
+    }
+    return tasks;
+  }
+  int64_t client_ = 0;
+};
+
+TEST_F(DistributedEpochTest, RangeIsSplitIntoContiguousSubRangesHandedOutOnce) {
+  DispatcherConfig c = TestConfig();
+  c.range_split_elements = 4;
+  Reset(c);
+  auto t = Start(Dataset::Range(10).Map(x * 2).def(), {kW1, kW2});
+  ASSERT_OK_AND_ASSIGN(auto a, Split(kW1, t[0]));
+  ASSERT_OK_AND_ASSIGN(auto b, Split(kW2, t[1]));
+  ASSERT_OK_AND_ASSIGN(auto c3, Split(kW1, t[0]));
+  ASSERT_TRUE(a.has_split() && b.has_split() && c3.has_split());
+  EXPECT_EQ(a.split().begin(), 0);
+  EXPECT_EQ(a.split().end(), 4);
+  EXPECT_EQ(b.split().begin(), 4);
+  EXPECT_EQ(b.split().end(), 8);
+  EXPECT_EQ(c3.split().begin(), 8);
+  EXPECT_EQ(c3.split().end(), 10);
+  EXPECT_TRUE(a.epoch_had_splits());
+  // Nothing left, but splits are still open: not the end yet.
+  ASSERT_OK_AND_ASSIGN(auto wait, Split(kW2, t[1], 0, {b.split().split_id()}));
+  EXPECT_TRUE(wait.not_ready());
+  EXPECT_FALSE(wait.end_of_splits());
+  ASSERT_OK_AND_ASSIGN(auto end, Split(kW1, t[0], 0, {a.split().split_id(), c3.split().split_id()}));
+  EXPECT_TRUE(end.end_of_splits());
+  ASSERT_OK_AND_ASSIGN(auto end2, Split(kW2, t[1]));
+  EXPECT_TRUE(end2.end_of_splits());
+  // Each epoch (a Repeat on the worker) has its own splits.
+  ASSERT_OK_AND_ASSIGN(auto e1, Split(kW2, t[1], 1));
+  ASSERT_TRUE(e1.has_split());
+  EXPECT_EQ(e1.split().epoch(), 1);
+  EXPECT_EQ(e1.split().begin(), 0);
+  auto stats = d_->GetStats();
+  EXPECT_EQ(stats.splits_created, 4);
+  EXPECT_EQ(stats.splits_completed, 3);
+  ASSERT_OK_AND_ASSIGN(auto hb, ClientHb(client_));
+  EXPECT_EQ(hb.completed_split_watermark(), e1.split().split_id());
+}
+
+TEST_F(DistributedEpochTest, FromTensorsAndListFilesGiveOneElementOrFilePerSplit) {
+  auto t = Start(Dataset::ReadRecords({"/tmp/a", "/tmp/b"}).def(), {kW1});
+  ASSERT_OK_AND_ASSIGN(auto a, Split(kW1, t[0]));
+  ASSERT_OK_AND_ASSIGN(auto b, Split(kW1, t[0]));
+  EXPECT_EQ(a.split().begin(), 0);
+  EXPECT_EQ(a.split().end(), 1);
+  EXPECT_EQ(b.split().begin(), 1);
+  EXPECT_EQ(b.split().end(), 2);
+
+  std::string dir = ::testing::TempDir() + "/sluice_split_files";
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"f0", "f1", "f2"}) std::ofstream(dir + "/" + f) << "x";
+  Reset(TestConfig());
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(Dataset::ListFiles(dir + "/f*").def()));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "", proto::DISTRIBUTED_EPOCH));
+  ASSERT_OK(Iteration(job).status());
+  int64_t task = 0;
+  ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(kW2));
+  for (const auto& def : hb.new_tasks()) task = def.task_id();
+  std::vector<std::string> files;
+  std::vector<int64_t> done;  // each request reports the previous split completed
+  while (files.size() < 5) {
+    ASSERT_OK_AND_ASSIGN(auto r, Split(kW2, task, 0, done));
+    if (!r.has_split()) {
+      EXPECT_TRUE(r.end_of_splits());
+      break;
+    }
+    files.push_back(r.split().file());
+    done = {r.split().split_id()};
+  }
+  EXPECT_EQ(files, (std::vector<std::string>{dir + "/f0", dir + "/f1", dir + "/f2"}));
+  ASSERT_OK_AND_ASSIGN(std::string none, Register(Dataset::ListFiles(dir + "/nothing*").def()));
+  ASSERT_OK_AND_ASSIGN(int64_t job2, Job(none, "", proto::DISTRIBUTED_EPOCH));
+  EXPECT_STATUS(Iteration(job2), absl::StatusCode::kNotFound, "no files match");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(DistributedEpochTest, LostWorkersOpenSplitsGoToTheOthers) {
+  DispatcherConfig c = TestConfig();
+  c.range_split_elements = 10;
+  Reset(c);
+  auto t = Start(Dataset::Range(30).def(), {kW1, kW2});
+  ASSERT_OK_AND_ASSIGN(auto a, Split(kW1, t[0]));  // [0, 10)
+  ASSERT_OK_AND_ASSIGN(auto b, Split(kW1, t[0]));  // [10, 20), prefetched
+  ASSERT_OK_AND_ASSIGN(auto c3, Split(kW2, t[1]));  // [20, 30)
+  ASSERT_OK(Split(kW2, t[1], 0, {c3.split().split_id()}).status());
+  // kW1 goes silent and is declared lost.
+  Advance(absl::Milliseconds(6000));
+  ASSERT_OK(WorkerHb(kW2, {t[1]}).status());
+  Advance(absl::Milliseconds(6000));
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().splits_reassigned, 2);
+  ASSERT_OK_AND_ASSIGN(auto r1, Split(kW2, t[1]));
+  ASSERT_OK_AND_ASSIGN(auto r2, Split(kW2, t[1]));
+  EXPECT_EQ(r1.split().split_id(), a.split().split_id());  // in order
+  EXPECT_EQ(r2.split().split_id(), b.split().split_id());
+  EXPECT_EQ(r1.split().begin(), 0);
+  // A lost task gets nothing more (its late reports are ignored).
+  EXPECT_STATUS(Split(kW1, t[0]), absl::StatusCode::kFailedPrecondition, "declared lost");
+  ASSERT_OK_AND_ASSIGN(auto end,
+                       Split(kW2, t[1], 0, {r1.split().split_id(), r2.split().split_id()}));
+  EXPECT_TRUE(end.end_of_splits());
+  ASSERT_OK_AND_ASSIGN(auto hb, ClientHb(client_));
+  EXPECT_FALSE(hb.iteration_finished());
+  ASSERT_OK(Complete(kW2, t[1]));
+  ASSERT_OK_AND_ASSIGN(auto hb2, ClientHb(client_));
+  EXPECT_TRUE(hb2.iteration_finished());
+}
+
+TEST_F(DistributedEpochTest, GetSplitChecksTheTaskAndItsWorker) {
+  auto t = Start(Dataset::Range(3).def(), {kW1});
+  EXPECT_STATUS(Split(kW1, 999), absl::StatusCode::kNotFound, "task 999 does not exist");
+  EXPECT_STATUS(Split(kW2, t[0]), absl::StatusCode::kFailedPrecondition, "belongs to worker");
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(3));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK(Iteration(job).status());
+  ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(kW1, {t[0]}));
+  ASSERT_EQ(hb.new_tasks_size(), 1);
+  EXPECT_STATUS(Split(kW1, hb.new_tasks(0).task_id()), absl::StatusCode::kFailedPrecondition,
+                "not distributed_epoch");
+}
+
+TEST_F(DistributedEpochTest, TaskThatEndsOnItsOwnDropsItsSplits) {
+  DispatcherConfig c = TestConfig();
+  c.range_split_elements = 5;
+  Reset(c);
+  auto t = Start(Dataset::Range(10).Take(2).def(), {kW1, kW2});
+  ASSERT_OK_AND_ASSIGN(auto a, Split(kW1, t[0]));
+  ASSERT_OK(Complete(kW1, t[0]));  // Take ended its pipeline inside split a
+  ASSERT_OK_AND_ASSIGN(auto b, Split(kW2, t[1]));
+  EXPECT_EQ(b.split().begin(), 5);
+  ASSERT_OK_AND_ASSIGN(auto end, Split(kW2, t[1], 0, {b.split().split_id()}));
+  EXPECT_TRUE(end.end_of_splits());
+}
 
 TEST_F(DispatcherImplTest, GetWorkersCountsTasks) {
   EXPECT_EQ(Workers().workers_size(), 0);

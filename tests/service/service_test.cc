@@ -14,6 +14,7 @@
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
+#include "sluice/dataset/tfrecord.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/worker/worker_server.h"
 #include "tests/dataset/dataset_test_util.h"
@@ -53,6 +54,16 @@ void DrainRest(Iterator& it, std::vector<int64_t>* got) {
     }
     return 0;
   });
+}
+
+// Reads `n` elements of `it` (each must arrive), appending int64 scalars.
+void TakeScalars(Iterator& it, int n, std::vector<int64_t>* got) {
+  for (int i = 0; i < n; ++i) {
+    auto e = it.Next();
+    ASSERT_OK(e);
+    ASSERT_TRUE(e->has_value());
+    got->push_back((**e)[0].at<int64_t>(0));
+  }
 }
 
 std::map<int64_t, int> Counts(const std::vector<int64_t>& v) {
@@ -224,12 +235,7 @@ TEST_P(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
   constexpr int64_t kN = 10000;
   ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(Options()).MakeIterator());
   std::vector<int64_t> got;
-  for (int i = 0; i < 100; ++i) {
-    auto e = it->Next();
-    ASSERT_OK(e);
-    ASSERT_TRUE(e->has_value());
-    got.push_back((**e)[0].at<int64_t>(0));
-  }
+  ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 100, &got));
   StartWorkers(1);
   DrainRest(*it, &got);
   auto counts = Counts(got);
@@ -465,6 +471,134 @@ TEST_P(ServiceTest, StopReturnsWhileClientsAreMidStream) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("Stop() of 2 workers and the dispatcher took %.3f s\n", secs);
   it.reset();  // the client gives up on the stopped service without hanging
+}
+
+// ---- distributed_epoch ----------------------------------------------------------------
+
+DispatcherConfig SmallSplits(int64_t elements) {
+  DispatcherConfig dc;
+  dc.range_split_elements = elements;
+  return dc;
+}
+
+TEST_P(ServiceTest, DistributedEpochDeliversEachElementExactlyOnce) {
+  StartService(2, SmallSplits(8));
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(100).Distribute(o));
+                       }));
+  std::vector<int64_t> want(100);
+  for (int i = 0; i < 100; ++i) want[i] = i;
+  EXPECT_THAT(v, UnorderedElementsAreArray(want));
+  // Map/Filter before Distribute run on the workers, over their splits.
+  ASSERT_OK_AND_ASSIGN(auto odd, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(
+                             Dataset::Range(50).Filter(x % 2 == 1).Map(x * 10).Distribute(o));
+                       }));
+  std::vector<int64_t> want_odd;
+  for (int i = 1; i < 50; i += 2) want_odd.push_back(i * 10);
+  EXPECT_THAT(odd, UnorderedElementsAreArray(want_odd));
+}
+
+TEST_P(ServiceTest, DistributedEpochWithRepeatOnTheWorkersGivesEveryEpoch) {
+  StartService(3, SmallSplits(4));
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(10).Repeat(3).Distribute(o));
+                       }));
+  auto counts = Counts(v);
+  ASSERT_EQ(counts.size(), 10u);
+  for (auto [value, n] : counts) EXPECT_EQ(n, 3) << "value " << value;
+}
+
+TEST_P(ServiceTest, DistributedEpochUntrackedPipelineAndFileSplits) {
+  StartService(2, SmallSplits(4));
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  // Batch mixes splits: elements are untracked, still each produced once.
+  ASSERT_OK_AND_ASSIGN(auto batches, WithHangGuard([&] {
+                         return Collect(Dataset::Range(20).Batch(4).Distribute(o));
+                       }));
+  std::vector<int64_t> got;
+  for (const Element& b : batches) {
+    for (int64_t i = 0; i < b[0].num_elements(); ++i) got.push_back(b[0].at<int64_t>(i));
+  }
+  std::vector<int64_t> want(20);
+  for (int i = 0; i < 20; ++i) want[i] = i;
+  EXPECT_THAT(got, UnorderedElementsAreArray(want));
+  // ReadRecords over files: one file per split.
+  std::vector<std::string> files;
+  std::vector<std::string> records;
+  for (int f = 0; f < 5; ++f) {
+    std::string path = ::testing::TempDir() + "/sluice_de_" + GetParam() + std::to_string(f);
+    std::vector<std::string> recs;
+    for (int r = 0; r < 3; ++r) recs.push_back("f" + std::to_string(f) + "r" + std::to_string(r));
+    ASSERT_OK(WriteTFRecordFile(path, recs));
+    records.insert(records.end(), recs.begin(), recs.end());
+    files.push_back(path);
+  }
+  ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
+                         return Collect(Dataset::ReadRecords(files).Distribute(o));
+                       }));
+  std::vector<std::string> got_records;
+  for (const Element& e : out) got_records.push_back(std::string(e[0].str(0)));
+  EXPECT_THAT(got_records, UnorderedElementsAreArray(records));
+}
+
+TEST_P(ServiceTest, DistributedEpochWorkerAddedMidEpochTakesSplits) {
+  StartService(1, SmallSplits(5));
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  constexpr int64_t kN = 400;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+  std::vector<int64_t> got;
+  ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 20, &got));
+  StartWorkers(1);
+  DrainRest(*it, &got);
+  auto counts = Counts(got);
+  ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
+  for (auto [value, n] : counts) ASSERT_EQ(n, 1) << "value " << value;
+}
+
+TEST_P(ServiceTest, DistributedEpochRepeatForeverKeepsArrivingWhenFourOfFiveWorkersStop) {
+  DispatcherConfig dc;
+  dc.worker_timeout_ms = 500;
+  StartService(5, dc);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1).Repeat().Distribute(o).MakeIterator());
+  auto take = [&](int n) {
+    return WithHangGuard([&] {
+      for (int i = 0; i < n; ++i) {
+        auto e = it->Next();
+        if (!e.ok() || !e->has_value()) return false;
+        if ((**e)[0].at<int64_t>(0) != 0) return false;
+      }
+      return true;
+    });
+  };
+  ASSERT_TRUE(take(10));
+  for (int i = 1; i < 5; ++i) workers_[i]->Stop();
+  ASSERT_TRUE(take(30)) << "elements stopped arriving after 4 of 5 workers stopped";
+}
+
+TEST_P(ServiceTest, DistributedEpochLostWorkersSplitsAreReassignedAndDeduplicated) {
+  DispatcherConfig dc = SmallSplits(10);
+  dc.worker_timeout_ms = 500;
+  StartService(2, dc);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  constexpr int64_t kN = 2000;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+  std::vector<int64_t> got;
+  ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 30, &got));
+  workers_[1]->Stop();  // its open splits must be produced by worker 0
+  DrainRest(*it, &got);
+  auto counts = Counts(got);
+  ASSERT_EQ(counts.size(), static_cast<size_t>(kN)) << "elements missing";
+  for (auto [value, n] : counts) ASSERT_EQ(n, 1) << "value " << value;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServiceTest, ::testing::Values("grpc", "ucx"),

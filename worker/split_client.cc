@@ -1,0 +1,209 @@
+#include "sluice/worker/split_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "sluice/control/grpc_util.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice::internal {
+namespace {
+
+constexpr absl::Duration kLongPoll = absl::Milliseconds(200);
+constexpr absl::Duration kRetry = absl::Milliseconds(100);
+
+bool Transient(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+}  // namespace
+
+SplitClient::SplitClient(proto::DispatcherService::Stub* stub, std::string worker_address,
+                         int64_t task_id, bool tracked, int prefetch)
+    : stub_(stub),
+      worker_address_(std::move(worker_address)),
+      task_id_(task_id),
+      tracked_(tracked),
+      prefetch_(static_cast<size_t>(std::max(1, prefetch))) {
+  fetcher_ = std::thread([this] { FetchLoop(); });
+  reporter_ = std::thread([this] { ReportLoop(); });
+}
+
+SplitClient::~SplitClient() { Stop(); }
+
+void SplitClient::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    for (grpc::ClientContext* c : calls_) c->TryCancel();
+  }
+  if (fetcher_.joinable()) fetcher_.join();
+  if (reporter_.joinable()) reporter_.join();
+}
+
+grpc::Status SplitClient::Call(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp,
+                               absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetTimeout(&ctx, timeout);
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_) return grpc::Status(grpc::StatusCode::CANCELLED, "stopping");
+    calls_.insert(&ctx);
+  }
+  grpc::Status s = stub_->GetSplit(&ctx, req, resp);
+  absl::MutexLock l(&mu_);
+  calls_.erase(&ctx);
+  return s;
+}
+
+void SplitClient::PauseLocked() {
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+  mu_.AwaitWithTimeout(absl::Condition(&stopped), kRetry);
+}
+
+int64_t SplitClient::BeginEpoch() {
+  absl::MutexLock l(&mu_);
+  return began_++;
+}
+
+void SplitClient::FinishReadingLocked() {
+  if (!current_) return;
+  const int64_t id = *current_;
+  current_.reset();
+  auto u = unserved_.find(id);
+  if (u == unserved_.end()) {
+    completed_.push_back(id);
+  } else {
+    read_.insert(id);
+  }
+}
+
+absl::StatusOr<std::optional<Split>> SplitClient::Next(int64_t epoch) {
+  absl::MutexLock l(&mu_);
+  FinishReadingLocked();
+  if (epoch != epoch_) {
+    // A new repetition of the source; the previous one was read to its end.
+    epoch_ = epoch;
+    ended_ = false;
+    queue_.clear();
+  }
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !error_.ok() || !queue_.empty() || ended_;
+  };
+  mu_.Await(absl::Condition(&ready));
+  if (!error_.ok()) return error_;
+  if (stop_) return absl::CancelledError(absl::StrCat("task ", task_id_, " was stopped"));
+  if (queue_.empty()) return std::optional<Split>();
+  Split s = std::move(queue_.front());
+  queue_.pop_front();
+  current_ = s.id;
+  next_index_ = 0;
+  return std::optional<Split>(std::move(s));
+}
+
+bool SplitClient::EpochHadSplits(int64_t epoch) {
+  absl::MutexLock l(&mu_);
+  auto it = had_splits_.find(epoch);
+  return it != had_splits_.end() && it->second;
+}
+
+std::pair<int64_t, int64_t> SplitClient::Tag() {
+  absl::MutexLock l(&mu_);
+  if (!tracked_ || !current_) return {-1, -1};
+  ++unserved_[*current_];
+  return {*current_, next_index_++};
+}
+
+void SplitClient::Served(int64_t split_id) {
+  if (split_id < 0) return;
+  absl::MutexLock l(&mu_);
+  auto u = unserved_.find(split_id);
+  if (u == unserved_.end() || --u->second > 0) return;
+  unserved_.erase(u);
+  if (read_.erase(split_id)) completed_.push_back(split_id);
+}
+
+void SplitClient::FetchLoop() {
+  int failures = 0;
+  while (true) {
+    proto::GetSplitRequest req;
+    {
+      absl::MutexLock l(&mu_);
+      auto want = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || (error_.ok() && epoch_ >= 0 && !ended_ && queue_.size() < prefetch_);
+      };
+      mu_.Await(absl::Condition(&want));
+      if (stop_) return;
+      req.set_epoch(epoch_);
+    }
+    req.set_worker_address(worker_address_);
+    req.set_task_id(task_id_);
+    req.set_wait_ms(absl::ToInt64Milliseconds(kLongPoll));
+    proto::GetSplitResponse resp;
+    grpc::Status s = Call(req, &resp, kLongPoll + absl::Seconds(10));
+    absl::MutexLock l(&mu_);
+    if (stop_) return;
+    if (!s.ok()) {
+      if (Transient(s)) {
+        if (failures++ % 20 == 0) {
+          spdlog::warn("worker {}: GetSplit for task {} failed ({}); retrying", worker_address_,
+                       task_id_, s.error_message());
+        }
+        PauseLocked();
+        continue;
+      }
+      error_ = FromGrpcStatus(s, absl::StrCat("GetSplit for task ", task_id_));
+      return;
+    }
+    failures = 0;
+    if (req.epoch() != epoch_) continue;  // the source moved on meanwhile
+    if (resp.has_split()) {
+      Split sp;
+      sp.id = resp.split().split_id();
+      sp.begin = resp.split().begin();
+      sp.end = resp.split().end();
+      sp.file = resp.split().file();
+      queue_.push_back(std::move(sp));
+    } else if (resp.end_of_splits()) {
+      ended_ = true;
+      had_splits_[epoch_] = resp.epoch_had_splits();
+    }
+    // not_ready: the dispatcher already waited; ask again.
+  }
+}
+
+void SplitClient::ReportLoop() {
+  int failures = 0;
+  while (true) {
+    proto::GetSplitRequest req;
+    {
+      absl::MutexLock l(&mu_);
+      auto have = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !completed_.empty();
+      };
+      mu_.Await(absl::Condition(&have));
+      if (stop_) return;
+      for (int64_t id : completed_) req.add_completed_splits(id);
+      completed_.clear();
+    }
+    req.set_worker_address(worker_address_);
+    req.set_task_id(task_id_);
+    req.set_report_only(true);
+    proto::GetSplitResponse resp;
+    grpc::Status s = Call(req, &resp, absl::Seconds(10));
+    if (s.ok() || !Transient(s)) {
+      failures = 0;
+      continue;  // a task the dispatcher forgot has nothing left to report
+    }
+    absl::MutexLock l(&mu_);
+    if (stop_) return;
+    completed_.insert(completed_.end(), req.completed_splits().begin(),
+                      req.completed_splits().end());
+    if (failures++ % 20 == 0) {
+      spdlog::warn("worker {}: reporting splits of task {} failed ({}); retrying",
+                   worker_address_, task_id_, s.error_message());
+    }
+    PauseLocked();
+  }
+}
+
+}  // namespace sluice::internal

@@ -1,0 +1,92 @@
+// SplitClient: a worker task's view of the dispatcher's split provider
+// (distributed_epoch). The task's pipeline source reads splits from it; it
+// keeps up to `prefetch` splits requested ahead, so the source rarely
+// waits for a GetSplit round trip, and it reports completed splits.
+//
+// Threads: the pipeline's thread calls the SplitSource methods and Tag();
+// Served() may be called from any thread (the data plane's serving
+// threads). Two owned threads talk to the dispatcher: a fetcher (GetSplit
+// for the next split of the current epoch, long-polling while others hold
+// the epoch's last splits) and a reporter (sends completions at once, so
+// the epoch's end and reassignment decisions never wait for a fetch). Both
+// are joined by Stop() and the destructor.
+//
+// Completion: a split is completed once the source has read it to the end
+// and, for a tracked pipeline, every element tagged with it was handed to
+// the data plane (Served). Untracked pipelines (Batch, Shuffle, ...) cannot
+// tie elements to splits; their splits complete when read to the end.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "control/service.grpc.pb.h"
+#include "sluice/dataset/dataset_internal.h"
+
+namespace sluice::internal {
+
+class SplitClient final : public SplitSource {
+ public:
+  // `stub` must outlive this object.
+  SplitClient(proto::DispatcherService::Stub* stub, std::string worker_address, int64_t task_id,
+              bool tracked, int prefetch = 2);
+  ~SplitClient() override;  // Stop()
+  SplitClient(const SplitClient&) = delete;
+  SplitClient& operator=(const SplitClient&) = delete;
+
+  // Wakes a waiting source (it gets Cancelled), cancels RPCs, joins threads.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  int64_t BeginEpoch() override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::optional<Split>> Next(int64_t epoch) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool EpochHadSplits(int64_t epoch) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The (split id, index in split) of the element the pipeline just
+  // produced, counted as not yet served; (-1, -1) when untracked.
+  std::pair<int64_t, int64_t> Tag() ABSL_LOCKS_EXCLUDED(mu_);
+  // An element tagged with `split_id` was handed to the data plane.
+  void Served(int64_t split_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void FetchLoop();
+  void ReportLoop();
+  void FinishReadingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits a retry interval (returns early on Stop).
+  void PauseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One GetSplit call (cancelled by Stop).
+  grpc::Status Call(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp,
+                    absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+  proto::DispatcherService::Stub* const stub_;
+  const std::string worker_address_;
+  const int64_t task_id_;
+  const bool tracked_;
+  const size_t prefetch_;
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  int64_t began_ ABSL_GUARDED_BY(mu_) = 0;   // source iterators started
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = -1;  // the epoch being fetched
+  std::deque<Split> queue_ ABSL_GUARDED_BY(mu_);  // fetched, not yet read
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;        // epoch_ has no more splits
+  std::map<int64_t, bool> had_splits_ ABSL_GUARDED_BY(mu_);
+  std::optional<int64_t> current_ ABSL_GUARDED_BY(mu_);  // the split being read
+  int64_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, int64_t> unserved_ ABSL_GUARDED_BY(mu_);  // tagged, not yet served
+  std::set<int64_t> read_ ABSL_GUARDED_BY(mu_);  // read to the end, elements unserved
+  std::vector<int64_t> completed_ ABSL_GUARDED_BY(mu_);  // to report
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  std::thread fetcher_, reporter_;
+};
+
+}  // namespace sluice::internal
