@@ -187,6 +187,14 @@ void Progress::Step(const std::string& text) {
   std::fflush(stderr);
 }
 
+std::string GnuplotPngHeader(const std::string& png, int width, int height) {
+  return absl::StrFormat(
+      "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) "
+      "{ set terminal pngcairo size %d,%d noenhanced } "
+      "else { set terminal png size %d,%d noenhanced }\nset output %s\n",
+      width, height, width, height, JsonQuote(png));
+}
+
 absl::Status RunGnuplot(const std::string& script, const std::string& png, std::string* note) {
   const std::string gnuplot = FindOnPath("gnuplot");
   if (gnuplot.empty()) {

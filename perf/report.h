@@ -70,6 +70,10 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
+// gnuplot lines that select a PNG terminal (pngcairo, else png) of this
+// size writing to `png`.
+std::string GnuplotPngHeader(const std::string& png, int width, int height);
+
 // Writes `script` next to `png` and runs gnuplot on it. A note (not an
 // error) when gnuplot is missing.
 absl::Status RunGnuplot(const std::string& script, const std::string& png, std::string* note);

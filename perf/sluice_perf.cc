@@ -405,8 +405,7 @@ std::string TransportPlotScript(const std::vector<TransportRow>& rows,
                                 const std::vector<std::string>& transports,
                                 const std::string& png, const std::string& title) {
   std::string s = absl::StrCat(
-      "set terminal pngcairo size 1100,700 noenhanced\nset output ", JsonQuote(png), "\n",
-      "set title ", JsonQuote(title), "\nset logscale x 2\nset logscale y 10\n",
+      GnuplotPngHeader(png, 1100, 700), "set title ", JsonQuote(title), "\nset logscale x 2\nset logscale y 10\n",
       "set xlabel 'element size (bytes)'\nset ylabel 'GB/s (1e9 bytes/s) into client buffers'\n",
       "set key left top\nset grid\n");
   std::map<int64_t, bool> sizes;
@@ -828,8 +827,7 @@ absl::Status RunPipeline(const PipelineArgs& a, const std::string& command) {
   std::vector<std::string> notes;
   if (!a.common.plot_path.empty()) {
     std::string s = absl::StrCat(
-        "set terminal pngcairo size 900,600 noenhanced\nset output ", JsonQuote(a.common.plot_path),
-        "\nset title ", JsonQuote("sluice-perf pipeline: elements/s vs worker processes"),
+        GnuplotPngHeader(a.common.plot_path, 900, 600), "set title ", JsonQuote("sluice-perf pipeline: elements/s vs worker processes"),
         "\nset xlabel 'worker processes'\nset ylabel 'elements/s'\nset key left top\nset grid\n"
         "set xtics 1\nset yrange [0:*]\n");
     std::vector<std::string> plots;
