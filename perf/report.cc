@@ -123,6 +123,12 @@ std::string CaptureCommand(const std::string& command, size_t max) {
   return out;
 }
 
+double LoadAverage1m() {
+  std::vector<std::string> fields = absl::StrSplit(ReadWholeFile("/proc/loadavg"), ' ');
+  double v = 0;
+  return !fields.empty() && absl::SimpleAtod(fields[0], &v) ? v : -1;
+}
+
 MachineInfo DescribeMachine() {
   MachineInfo m;
   m.nproc = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
@@ -140,6 +146,7 @@ MachineInfo DescribeMachine() {
       m.mem_gib = static_cast<double>(kib) / (1 << 20);
     }
   }
+  m.load_average_1m = LoadAverage1m();
   utsname u{};
   if (uname(&u) == 0) m.kernel = absl::StrCat(u.sysname, " ", u.release, " ", u.machine);
   m.ucx_version = "unknown";
@@ -156,8 +163,8 @@ MachineInfo DescribeMachine() {
 }
 
 std::string MachineInfo::Describe() const {
-  return absl::StrFormat("%d cpus (%s), %.1f GiB RAM, %s, UCX %s", nproc, cpu_model, mem_gib,
-                         kernel, ucx_version);
+  return absl::StrFormat("%d cpus (%s), %.1f GiB RAM, %s, UCX %s; load average %.2f at start",
+                         nproc, cpu_model, mem_gib, kernel, ucx_version, load_average_1m);
 }
 
 std::string MachineInfo::Json() const {
@@ -167,6 +174,7 @@ std::string MachineInfo::Json() const {
       .Add("mem_gib", mem_gib)
       .Add("kernel", kernel)
       .Add("ucx_version", ucx_version)
+      .Add("load_average_1m_at_start", load_average_1m)
       .str();
 }
 

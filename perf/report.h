@@ -44,10 +44,15 @@ struct MachineInfo {
   double mem_gib = 0;
   std::string kernel;
   std::string ucx_version;  // from `ucx_info -v`, or "unknown"
+  // /proc/loadavg's 1-minute figure when described: other processes
+  // competing for the cpus perturb every figure.
+  double load_average_1m = 0;
   std::string Describe() const;
   std::string Json() const;
 };
 MachineInfo DescribeMachine();
+// /proc/loadavg's 1-minute figure (-1 when unreadable).
+double LoadAverage1m();
 
 // The absolute path of `name` on $PATH, or "" when absent.
 std::string FindOnPath(const std::string& name);

@@ -161,12 +161,16 @@ std::string Times(double r) { return std::isfinite(r) ? absl::StrFormat("%.2fx",
 absl::Status FinishRun(const CommonArgs& common, const Report& report, bool any_failed,
                        ScratchDir& scratch) {
   for (const auto& n : report.notes) std::printf("note: %s\n", n.c_str());
+  const double load_at_end = LoadAverage1m();
+  std::printf("load average: %.2f at start, %.2f at end (on %d cpus)\n",
+              report.machine.load_average_1m, load_at_end, report.machine.nproc);
   if (!common.json_path.empty()) {
     std::string json = absl::StrCat("{\n  \"tool\": \"sluice-perf\",\n  \"mode\": ",
                                     JsonQuote(report.mode), ",\n  \"quick\": ",
                                     common.quick ? "true" : "false", ",\n  \"command\": ",
                                     JsonQuote(report.command), ",\n  \"machine\": ",
-                                    report.machine.Json());
+                                    report.machine.Json(),
+                                    ",\n  \"load_average_1m_at_end\": ", load_at_end);
     for (const auto& [key, value] : report.fields) {
       absl::StrAppend(&json, ",\n  ", JsonQuote(key), ": ", value);
     }
