@@ -195,7 +195,7 @@ std::string TransportPlotScript(const std::vector<TransportRow>& rows,
   std::string s = absl::StrCat(
       GnuplotPngHeader(png, 1100, 700), "set title ", JsonQuote(title), "\nset logscale x 2\nset logscale y 10\n",
       "set xlabel 'element size (bytes)'\nset ylabel 'GB/s (1e9 bytes/s) into client buffers'\n",
-      "set key left top\nset grid\n");
+      "set key right bottom\nset grid\n");
   std::map<int64_t, bool> sizes;
   for (const auto& r : rows) sizes[r.size] = true;
   std::vector<std::string> tics;
@@ -203,6 +203,10 @@ std::string TransportPlotScript(const std::vector<TransportRow>& rows,
     tics.push_back(absl::StrCat(JsonQuote(SizeLabel(size)), " ", size));
   }
   absl::StrAppend(&s, "set xtics (", absl::StrJoin(tics, ", "), ")\n");
+  if (!sizes.empty()) {
+    absl::StrAppend(&s, "set xrange [", sizes.begin()->first / 1.5, ":",
+                    sizes.rbegin()->first * 1.5, "]\n");
+  }
   std::vector<std::string> plots;
   int block = 0;
   auto add_series = [&](const std::string& label, const std::string& style,
