@@ -151,7 +151,9 @@ absl::Status RunPipeline(const PipelineArgs& a, const std::string& command) {
       plots.push_back(absl::StrCat("$d", i, " using 1:2 with linespoints lw 2 title ",
                                    JsonQuote(absl::StrCat("max_outstanding_requests=", mors[i]))));
     }
-    plots.push_back(absl::StrCat(local_eps, "*x with lines dt 2 title 'ideal (local rate x workers)'"));
+    plots.push_back(absl::StrCat(local_eps, "*(x < ", machine.nproc, " ? x : ", machine.nproc,
+                                 ") with lines dt 2 title 'ideal: local rate x min(workers, ",
+                                 machine.nproc, " cpus)'"));
     absl::StrAppend(&s, "plot ", absl::StrJoin(plots, ", \\\n     "), "\n");
     std::string note;
     absl::Status st = RunGnuplot(s, a.common.plot_path, &note);
