@@ -88,8 +88,7 @@ absl::Status RunPipeline(const PipelineArgs& a, const std::string& command) {
       rows.push_back(std::move(row));
     }
   }
-  progress.Step("done");
-  std::fprintf(stderr, "\n");
+  progress.Finish();
 
   auto base = [&](int64_t m) -> double {
     for (const auto& r : rows) {

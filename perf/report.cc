@@ -186,6 +186,14 @@ Progress::~Progress() {
   if (tty_ && done_ > 0) std::fprintf(stderr, "\n");
 }
 
+void Progress::Finish() {
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::fprintf(stderr, "%s[%s] done: %d steps in %.1fs\n", tty_ ? "\r\033[K" : "", what_.c_str(),
+               done_, s);
+  done_ = 0;  // the line is ended
+}
+
 void Progress::Step(const std::string& text) {
   ++done_;
   const double s =

@@ -66,6 +66,8 @@ class Progress {
   Progress(std::string what, int total_steps);
   ~Progress();  // ends the line
   void Step(const std::string& text);
+  // Reports the total time and ends the line.
+  void Finish();
 
  private:
   std::string what_;
