@@ -16,6 +16,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev
   libcli11-dev
   zlib1g-dev
+  gnuplot-nox
 )
 
 missing=()

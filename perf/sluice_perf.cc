@@ -1,0 +1,136 @@
+// sluice-perf: the perf suite.
+//
+//   sluice-perf transport [--quick] [--json out.json] [--plot out.png]
+//   sluice-perf pipeline  [--quick] [--json out.json] [--plot out.png]
+//
+// transport: one client pulls pre-built elements (perf_payload) of each size
+// from worker processes over ucx (UCX_TLS=tcp), ucx (shared memory) and
+// grpc; the same run measures the ceilings (ucx_perftest on the same
+// UCX_TLS, single-thread memcpy) and prints each figure as a ratio of its
+// ceiling and of the gRPC path.
+// pipeline: Distribute throughput of a CPU-bound map (perf_burn) on 1..N
+// worker processes and several max_outstanding_requests.
+//
+// Process model. UCX reads UCX_TLS once, when the process creates its UCX
+// context, and the client keeps one context per process. So every client
+// measurement runs in a child process: sluice-perf re-executes itself as
+// `sluice-perf client ...` with UCX_TLS set for that transport, and the
+// child writes its figures as key=value lines to a file. That also makes
+// getrusage() of the child exactly "the client's CPU" and gives each
+// configuration fresh counters. Workers are sluice-worker processes with
+// the same UCX_TLS; the dispatcher runs in this process (it uses no UCX).
+// Every child is owned by a ChildProcess (killed and reaped on every path,
+// and on SIGINT/SIGTERM).
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_join.h"
+#include "perf/child_process.h"
+#include "perf/measure.h"
+#include "perf/suite.h"
+#include "sluice/core/logging.h"
+
+namespace sluice::perf {
+namespace {
+
+void AddCommonOptions(CLI::App* app, CommonArgs* c) {
+  app->add_flag("--quick", c->quick, "fewer configurations and shorter passes (under a minute)");
+  app->add_option("--json", c->json_path, "write the results as JSON to this file");
+  app->add_option("--plot", c->plot_path, "write a PNG plot here (needs gnuplot)");
+  app->add_option("--worker_binary", c->worker_binary,
+                  "sluice-worker to start (default: next to sluice-perf or in the build tree)");
+  app->add_option("--plugin", c->plugin,
+                  "the perf UDF plugin (default: libsluice_perf_plugin.so next to sluice-perf)");
+  app->add_option("--task_buffer_elements", c->task_buffer_elements,
+                  "workers' --task_buffer_elements")
+      ->capture_default_str();
+  app->add_flag("--keep_logs", c->keep_logs, "keep the scratch directory with the children's logs");
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"sluice-perf: the sluice perf suite (transport ceilings and pipeline scaling)"};
+  app.require_subcommand(1);
+
+  TransportArgs ta;
+  CLI::App* transport = app.add_subcommand(
+      "transport", "pre-built elements of each size over ucx-tcp, ucx-shm and grpc, with ceilings");
+  AddCommonOptions(transport, &ta.common);
+  transport->add_option("--sizes", ta.sizes, "element sizes, e.g. 64,4K,1M (default by mode)")
+      ->delimiter(',');
+  transport->add_option("--transports", ta.transports, "ucx-tcp, ucx-shm, grpc")
+      ->delimiter(',')
+      ->capture_default_str();
+  transport->add_option("--shm_tls", ta.shm_tls, "UCX_TLS of ucx-shm (tcp is needed to connect)")
+      ->capture_default_str();
+  transport->add_option("--workers", ta.workers, "worker processes")->capture_default_str();
+  transport->add_option("--max_outstanding_requests", ta.max_outstanding,
+                        "the client's max_outstanding_requests in the throughput pass")
+      ->capture_default_str();
+  transport->add_option("--seconds", ta.seconds, "timed pass per row (default 0.8 quick, 3 full)");
+  transport->add_option("--max_elements", ta.max_elements, "cap on elements per timed pass");
+  transport->add_option("--latency_elements", ta.latency_elements,
+                        "Next() calls timed in the latency pass (0 skips it)");
+  transport->add_flag("--no_ceilings", ta.no_ceilings, "skip ucx_perftest");
+  transport->add_option("--ucx_perftest", ta.ucx_perftest, "ucx_perftest binary (default: PATH)");
+
+  PipelineArgs pa;
+  CLI::App* pipeline = app.add_subcommand(
+      "pipeline", "Distribute throughput of a CPU-bound map on 1..N worker processes");
+  AddCommonOptions(pipeline, &pa.common);
+  pipeline->add_option("--workers", pa.workers, "worker counts, e.g. 1,2,4 (default by mode)")
+      ->delimiter(',');
+  pipeline->add_option("--max_outstanding_requests", pa.max_outstanding,
+                       "values to try, e.g. 1,4,16")
+      ->delimiter(',');
+  pipeline->add_option("--work_us", pa.work_us, "CPU work per element, microseconds")
+      ->capture_default_str();
+  pipeline->add_option("--seconds", pa.seconds, "timed pass per row (default 1.5 quick, 4 full)");
+  pipeline->add_option("--transport", pa.transport, "ucx-tcp, ucx-shm or grpc")
+      ->capture_default_str();
+
+  // Internal: one measuring client (see the process model at the top).
+  ClientOptions co;
+  std::string out;
+  CLI::App* client = app.add_subcommand("client", "");
+  client->group("");  // hidden from --help
+  client->add_option("--service", co.service)->required();
+  client->add_option("--protocol", co.protocol);
+  client->add_option("--workload", co.workload);
+  client->add_option("--arg", co.arg);
+  client->add_option("--max_outstanding_requests", co.max_outstanding_requests);
+  client->add_option("--warmup_elements", co.warmup_elements);
+  client->add_option("--max_elements", co.max_elements);
+  client->add_option("--max_bytes", co.max_bytes);
+  client->add_option("--max_seconds", co.max_seconds);
+  client->add_option("--latency_elements", co.latency_elements);
+  client->add_option("--latency_seconds", co.latency_seconds);
+  client->add_option("--plugin", co.plugin);
+  client->add_option("--out", out)->required();
+
+  CLI11_PARSE(app, argc, argv);
+  // The service's info lines would break up the table: warn unless asked.
+  if (std::getenv("SLUICE_LOG_LEVEL") == nullptr) SetLogLevel("warn").IgnoreError();
+  InitLoggingFromEnv();
+  const std::string command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
+  absl::Status s;
+  if (client->parsed()) {
+    absl::StatusOr<Record> r = RunClient(co);
+    s = r.ok() ? WriteFile(out, FormatRecord(*r)) : r.status();
+  } else {
+    InstallChildCleanupOnSignal();
+    s = transport->parsed() ? RunTransport(ta, command) : RunPipeline(pa, command);
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "sluice-perf: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace sluice::perf
+
+int main(int argc, char** argv) { return sluice::perf::Main(argc, argv); }

@@ -1,0 +1,193 @@
+#include "perf/suite.h"
+
+#include <limits.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "sluice/core/status.h"
+
+namespace sluice::perf {
+
+// ---- locating the binaries --------------------------------------------------
+
+std::string SelfPath() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+namespace {
+
+std::string SelfDir() {
+  std::string p = SelfPath();
+  return p.substr(0, p.rfind('/'));
+}
+
+// `flag` when set, else the first candidate that exists.
+absl::StatusOr<std::string> Locate(const std::string& what, const std::string& flag_name,
+                                   const std::string& flag,
+                                   const std::vector<std::string>& candidates) {
+  if (!flag.empty()) {
+    if (access(flag.c_str(), R_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(flag_name, " ", flag, " does not exist"));
+    }
+    return flag;
+  }
+  for (const auto& c : candidates) {
+    if (!c.empty() && access(c.c_str(), R_OK) == 0) return c;
+  }
+  return absl::NotFoundError(absl::StrCat("cannot find ", what, " (looked at ",
+                                          absl::StrJoin(candidates, ", "), "); pass ", flag_name));
+}
+
+}  // namespace
+
+absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
+                                        const std::string& plugin_flag) {
+  const std::string dir = SelfDir();
+  Binaries b;
+  SLUICE_ASSIGN_OR_RETURN(
+      b.worker, Locate("the sluice-worker binary", "--worker_binary", worker_flag,
+                       {dir + "/sluice-worker", dir + "/../tools/sluice-worker",
+                        SLUICE_PERF_BUILD_WORKER}));
+  SLUICE_ASSIGN_OR_RETURN(
+      b.plugin, Locate("the perf UDF plugin", "--plugin", plugin_flag,
+                       {dir + "/libsluice_perf_plugin.so", dir + "/../lib/libsluice_perf_plugin.so",
+                        dir + "/../" SLUICE_PERF_INSTALL_LIBDIR "/libsluice_perf_plugin.so",
+                        SLUICE_PERF_BUILD_PLUGIN}));
+  return b;
+}
+
+absl::StatusOr<TransportSpec> ParseTransport(const std::string& name, const std::string& shm_tls) {
+  if (name == "ucx-tcp") return TransportSpec{name, "ucx", "tcp"};
+  if (name == "ucx-shm") return TransportSpec{name, "ucx", shm_tls};
+  if (name == "grpc") return TransportSpec{name, "grpc", ""};
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport '", name, "': use ucx-tcp, ucx-shm or grpc"));
+}
+
+std::vector<std::pair<std::string, std::string>> ChildEnv(const TransportSpec& t) {
+  std::vector<std::pair<std::string, std::string>> env;
+  if (!t.ucx_tls.empty()) env.emplace_back("UCX_TLS", t.ucx_tls);
+  const char* level = std::getenv("SLUICE_LOG_LEVEL");
+  env.emplace_back("SLUICE_LOG_LEVEL", level != nullptr ? level : "warn");
+  return env;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+  f << text;
+  f.close();
+  if (!f) return absl::InternalError(absl::StrCat("error writing ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpec& t,
+                                      const ScratchDir& scratch, const std::string& name,
+                                      double timeout_s) {
+  const std::string out = scratch.File(name + ".record");
+  std::vector<std::string> args = {
+      "client", "--service", o.service, "--protocol", o.protocol, "--workload", o.workload,
+      "--arg", absl::StrCat(o.arg), "--max_outstanding_requests",
+      absl::StrCat(o.max_outstanding_requests), "--warmup_elements",
+      absl::StrCat(o.warmup_elements), "--max_elements", absl::StrCat(o.max_elements),
+      "--max_bytes", absl::StrCat(o.max_bytes), "--max_seconds", absl::StrCat(o.max_seconds),
+      "--latency_elements", absl::StrCat(o.latency_elements), "--latency_seconds",
+      absl::StrCat(o.latency_seconds), "--plugin", o.plugin, "--out", out};
+  ChildProcess child(name, scratch.File(name + ".log"));
+  SLUICE_RETURN_IF_ERROR(child.Start(SelfPath(), args, ChildEnv(t)));
+  absl::StatusOr<int> st = child.Wait(absl::Seconds(timeout_s));
+  if (!st.ok()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(name, ": the client did not finish within ", timeout_s, " s; log:\n",
+                     child.LogTail()));
+  }
+  if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0) {
+    return absl::InternalError(absl::StrCat(name, ": the client ", DescribeWaitStatus(*st),
+                                            "; log:\n", child.LogTail()));
+  }
+  Record r = ParseRecord(ReadWholeFile(out));
+  if (r.empty()) return absl::InternalError(absl::StrCat(name, ": the client wrote no results"));
+  return r;
+}
+
+std::string OneLine(const absl::Status& s) {
+  std::string m(s.message());
+  std::replace(m.begin(), m.end(), '\n', ' ');
+  if (m.size() > 300) m = m.substr(0, 300) + "...";
+  return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", m);
+}
+
+ClusterOptions ClusterFor(const Binaries& bin, const CommonArgs& common, const TransportSpec& t,
+                          int workers, const ScratchDir& scratch, std::string name) {
+  ClusterOptions co;
+  co.num_workers = workers;
+  co.worker_binary = bin.worker;
+  co.plugin = bin.plugin;
+  co.protocol = t.protocol;
+  co.task_buffer_elements = common.task_buffer_elements;
+  co.env = ChildEnv(t);
+  co.scratch_dir = scratch.path();
+  co.name = std::move(name);
+  return co;
+}
+
+std::string Num(double v, int precision) {
+  if (!std::isfinite(v)) return "-";
+  if (v != 0 && std::fabs(v) < 0.01) return absl::StrFormat("%.2e", v);
+  return absl::StrFormat("%.*f", precision, v);
+}
+
+std::string Count(double v) {
+  if (!std::isfinite(v)) return "-";
+  if (v >= 1e6) return absl::StrFormat("%.2fM", v / 1e6);
+  if (v >= 1e4) return absl::StrFormat("%.1fk", v / 1e3);
+  return absl::StrFormat("%.0f", v);
+}
+
+std::string Pct(double r) { return std::isfinite(r) ? absl::StrFormat("%.0f%%", r * 100) : "-"; }
+std::string Times(double r) { return std::isfinite(r) ? absl::StrFormat("%.2fx", r) : "-"; }
+
+absl::Status FinishRun(const CommonArgs& common, const Report& report, bool any_failed,
+                       ScratchDir& scratch) {
+  for (const auto& n : report.notes) std::printf("note: %s\n", n.c_str());
+  const double load_at_end = LoadAverage1m();
+  std::printf("load average: %.2f at start, %.2f at end (on %d cpus)\n",
+              report.machine.load_average_1m, load_at_end, report.machine.nproc);
+  if (!common.json_path.empty()) {
+    std::string json = absl::StrCat("{\n  \"tool\": \"sluice-perf\",\n  \"mode\": ",
+                                    JsonQuote(report.mode), ",\n  \"quick\": ",
+                                    common.quick ? "true" : "false", ",\n  \"command\": ",
+                                    JsonQuote(report.command), ",\n  \"machine\": ",
+                                    report.machine.Json(),
+                                    ",\n  \"load_average_1m_at_end\": ", load_at_end);
+    for (const auto& [key, value] : report.fields) {
+      absl::StrAppend(&json, ",\n  ", JsonQuote(key), ": ", value);
+    }
+    for (const auto& [key, objects] : report.sections) {
+      absl::StrAppend(&json, ",\n  ", JsonQuote(key), ": ", JsonArrayLines(objects, "  "));
+    }
+    std::vector<std::string> notes;
+    for (const auto& n : report.notes) notes.push_back(JsonQuote(n));
+    absl::StrAppend(&json, ",\n  \"notes\": ", JsonArrayLines(notes, "  "), "\n}\n");
+    SLUICE_RETURN_IF_ERROR(WriteFile(common.json_path, json));
+  }
+  if (any_failed) {
+    scratch.Keep();
+    return absl::InternalError(
+        absl::StrCat("some measurements failed; logs kept in ", scratch.path()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sluice::perf

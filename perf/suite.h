@@ -1,0 +1,116 @@
+// The two suites of sluice-perf (transport.cc, pipeline.cc) and what they
+// share: locating the binaries, the transports under test, running one
+// measuring client in a child process, and finishing a report.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "perf/child_process.h"
+#include "perf/cluster.h"
+#include "perf/measure.h"
+#include "perf/report.h"
+
+namespace sluice::perf {
+
+inline constexpr double kGB = 1e9;  // GB/s here are 1e9 bytes per second
+
+// This executable (the measuring clients are re-executions of it).
+std::string SelfPath();
+
+struct Binaries {
+  std::string worker;  // sluice-worker
+  std::string plugin;  // libsluice_perf_plugin.so
+};
+// The flags when set, else next to sluice-perf, the build tree or an installed lib/.
+absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
+                                        const std::string& plugin_flag);
+
+// Options every suite takes.
+struct CommonArgs {
+  bool quick = false;
+  std::string json_path;
+  std::string plot_path;
+  std::string worker_binary;
+  std::string plugin;
+  int64_t task_buffer_elements = 16;
+  bool keep_logs = false;
+};
+
+// A transport under test: a name, the data-transfer protocol, UCX_TLS.
+struct TransportSpec {
+  std::string name;
+  std::string protocol;
+  std::string ucx_tls;  // empty: not set (grpc)
+};
+inline constexpr char kDefaultShmTls[] = "posix,cma,self,tcp";
+// "ucx-tcp", "ucx-shm" (UCX_TLS = shm_tls) or "grpc".
+absl::StatusOr<TransportSpec> ParseTransport(const std::string& name, const std::string& shm_tls);
+// The environment of the workers and clients of `t`.
+std::vector<std::pair<std::string, std::string>> ChildEnv(const TransportSpec& t);
+
+// The service for `t` with `workers` worker processes, logs under `scratch`.
+ClusterOptions ClusterFor(const Binaries& bin, const CommonArgs& common, const TransportSpec& t,
+                          int workers, const ScratchDir& scratch, std::string name);
+
+// Runs `sluice-perf client` in a child process with `t`'s environment and
+// returns the record it wrote; the error carries the child's log.
+absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpec& t,
+                                      const ScratchDir& scratch, const std::string& name,
+                                      double timeout_s);
+
+absl::Status WriteFile(const std::string& path, const std::string& text);
+// "INTERNAL: message" on one line, shortened.
+std::string OneLine(const absl::Status& s);
+
+// Table cells: numbers, counts (12.3k), percentages, ratios ("-" when not finite).
+std::string Num(double v, int precision = 3);
+std::string Count(double v);
+std::string Pct(double ratio);
+std::string Times(double ratio);
+
+// The end of a suite: prints the notes, writes --json (the header fields,
+// `fields` as raw JSON values, `sections` as arrays of one-line objects, the
+// notes), and fails naming the kept scratch directory if anything failed.
+struct Report {
+  std::string mode;
+  std::string command;
+  MachineInfo machine;
+  std::vector<std::pair<std::string, std::string>> fields;
+  std::vector<std::pair<std::string, std::vector<std::string>>> sections;
+  std::vector<std::string> notes;
+};
+absl::Status FinishRun(const CommonArgs& common, const Report& report, bool any_failed,
+                       ScratchDir& scratch);
+
+struct TransportArgs {
+  CommonArgs common;
+  std::vector<std::string> sizes;  // empty: by mode
+  std::vector<std::string> transports = {"ucx-tcp", "ucx-shm", "grpc"};
+  std::string shm_tls = kDefaultShmTls;
+  int workers = 1;
+  int64_t max_outstanding = 8;
+  double seconds = 0;             // 0: by mode
+  int64_t max_elements = 0;       // 0: by mode
+  int64_t latency_elements = -1;  // -1: by mode
+  bool no_ceilings = false;
+  std::string ucx_perftest;       // empty: from PATH
+};
+absl::Status RunTransport(const TransportArgs& args, const std::string& command);
+
+struct PipelineArgs {
+  CommonArgs common;
+  std::vector<int> workers;              // empty: by mode
+  std::vector<int64_t> max_outstanding;  // empty: 1, 4, 16
+  double work_us = 1000;
+  double seconds = 0;  // 0: by mode
+  std::string transport = "ucx-tcp";
+  std::string shm_tls = kDefaultShmTls;
+};
+absl::Status RunPipeline(const PipelineArgs& args, const std::string& command);
+
+}  // namespace sluice::perf

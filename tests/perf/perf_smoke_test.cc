@@ -1,0 +1,114 @@
+// Smoke test of sluice-perf (SLUICE_PERF_BIN): tiny configurations of both
+// subcommands, run as a real process with real worker processes. Asserts
+// what the tool reports (one row per size x transport, positive element
+// counts, no client payload copies on UCX), never timing.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string Scratch(const std::string& name) {
+  std::string dir = ::testing::TempDir();
+  if (dir.empty() || dir.back() != '/') dir += '/';
+  return absl::StrCat(dir, "sluice_perf_smoke_", getpid(), "_", name);
+}
+
+// Runs sluice-perf with `args`; returns its exit code, output in *output.
+int RunPerf(const std::string& args, std::string* output) {
+  const std::string log = Scratch("out.txt");
+  const std::string cmd = absl::StrCat("'", SLUICE_PERF_BIN, "' ", args, " > '", log, "' 2>&1");
+  int status = std::system(cmd.c_str());
+  *output = ReadFile(log);
+  std::remove(log.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The JSON rows (one object per line, see sluice-perf) matching `pattern`.
+std::vector<std::string> Rows(const std::string& json, const std::string& pattern) {
+  std::vector<std::string> rows;
+  std::istringstream in(json);
+  std::string line;
+  const std::regex re(pattern);
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, re)) rows.push_back(line);
+  }
+  return rows;
+}
+
+long Field(const std::string& row, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(row, m, std::regex("\"" + key + "\":(-?[0-9]+)"))) return -1;
+  return std::stol(m[1]);
+}
+
+TEST(PerfSmokeTest, TransportReportsOneRowPerSizeAndTransport) {
+  const std::string json = Scratch("transport.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("transport --sizes 64,4K --transports ucx-tcp,grpc "
+                                      "--seconds 0.2 --latency_elements 5 --no_ceilings --json '",
+                                      json, "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  EXPECT_THAT(text, ::testing::HasSubstr("\"mode\": \"transport\""));
+  for (const std::string transport : {"ucx-tcp", "grpc"}) {
+    for (long size : {64L, 4096L}) {
+      auto rows = Rows(text, absl::StrCat("\"transport\":\"", transport,
+                                          "\".*\"size_bytes\":", size, ","));
+      ASSERT_EQ(rows.size(), 1u) << transport << " " << size << "\n" << text;
+      EXPECT_GT(Field(rows[0], "elements"), 0) << rows[0];
+      EXPECT_GT(Field(rows[0], "latency_samples"), 0) << rows[0];
+      if (transport == "ucx-tcp") {
+        EXPECT_EQ(Field(rows[0], "client_payload_bytes_copied"), 0) << rows[0];
+        EXPECT_GT(Field(rows[0], "ucx_elements_received"), 0) << rows[0];
+      }
+    }
+  }
+  // The table a person reads.
+  EXPECT_THAT(out, ::testing::HasSubstr("transport"));
+  EXPECT_THAT(out, ::testing::HasSubstr("4 KiB"));
+}
+
+TEST(PerfSmokeTest, PipelineReportsEachWorkerCount) {
+  const std::string json = Scratch("pipeline.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("pipeline --workers 1,2 --max_outstanding_requests 2 "
+                                      "--seconds 0.3 --work_us 100 --json '", json, "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  for (int w : {1, 2}) {
+    auto rows = Rows(text, absl::StrCat("\"workers\":", w, ",\"max_outstanding_requests\":2,"));
+    ASSERT_EQ(rows.size(), 1u) << text;
+    EXPECT_GT(Field(rows[0], "elements"), 0) << rows[0];
+  }
+}
+
+TEST(PerfSmokeTest, BadArgumentsFailWithAMessage) {
+  std::string out;
+  EXPECT_NE(RunPerf("transport --transports carrier-pigeon --no_ceilings", &out), 0);
+  EXPECT_THAT(out, ::testing::HasSubstr("unknown transport 'carrier-pigeon'"));
+}
+
+}  // namespace
