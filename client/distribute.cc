@@ -8,7 +8,8 @@
 //    one GetElement in flight, round-robin over readable tasks, so at most
 //    max_outstanding_requests replies are requested or buffered at once. A
 //    UCX reply batches small elements that were ready together (at most
-//    kBatchElements, kBatchBytes of frames); a larger element comes alone.
+//    kMaxElementsPerReply, kMaxBytesPerReply of frames); a larger element
+//    comes alone.
 // Next() runs on the caller's thread and takes buffered elements.
 #include "sluice/client/distribute.h"
 
@@ -35,8 +36,6 @@ namespace {
 constexpr int64_t kMaxFetchers = 64;
 constexpr absl::Duration kHeartbeatWait = absl::Milliseconds(1000);
 constexpr absl::Duration kElementWait = absl::Milliseconds(500);
-constexpr int64_t kBatchElements = 256;
-constexpr int64_t kBatchBytes = int64_t{256} << 10;
 
 struct Counters {
   std::atomic<int64_t> elements{0}, bytes{0}, lost_tasks{0}, worker_errors{0}, started{0},
@@ -401,8 +400,8 @@ class DataServiceIterator final : public Iterator {
       req.task_id = task_id;
       req.consumer_index = node_.consumer_index();
       req.wait = kElementWait;
-      req.max_elements = kBatchElements;
-      req.max_bytes = kBatchBytes;
+      req.max_elements = kMaxElementsPerReply;
+      req.max_bytes = kMaxBytesPerReply;
       auto r = transport->GetElement(req);
       absl::MutexLock l(&mu_);
       --in_flight_;

@@ -39,6 +39,11 @@
 
 namespace sluice {
 
+// Over UCX one reply batches at most this many small elements, and at most
+// this many bytes of their frames (larger elements travel one per reply).
+inline constexpr int64_t kMaxElementsPerReply = 256;
+inline constexpr int64_t kMaxBytesPerReply = int64_t{256} << 10;
+
 struct DistributeOptions {
   // "parallel_epochs" (every worker produces the whole dataset) or
   // "distributed_epoch" (dynamic sharding: workers pull splits of the

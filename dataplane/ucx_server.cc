@@ -76,7 +76,6 @@ absl::StatusOr<FrameBuffer> EncodeServedFrame(const Element& element,
   return f;
 }
 
-
 std::atomic<int64_t>& ArenasVerified() {
   static std::atomic<int64_t> v{0};
   return v;

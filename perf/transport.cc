@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "perf/suite.h"
+#include "sluice/client/distribute.h"
 #include "sluice/core/status.h"
 
 namespace sluice::perf {
@@ -368,12 +369,11 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
         // The counter counts receipts, the pass counts Next() calls: they
         // differ by the elements buffered at its start and end (at most
         // max_outstanding_requests replies, each batching up to
-        // kUcxBatchElements small elements). Anything beyond that came over
-        // gRPC.
-        constexpr double kUcxBatchElements = 256;
+        // kMaxElementsPerReply small elements). Anything beyond that came
+        // over gRPC.
         if (rec.ok() && t.protocol == "ucx" &&
             RecordNumber(*rec, "ucx_elements_received") +
-                    static_cast<double>(a.max_outstanding) * kUcxBatchElements <
+                    static_cast<double>(a.max_outstanding * kMaxElementsPerReply) <
                 RecordNumber(*rec, "elements")) {
           rec = absl::InternalError(absl::StrCat(
               "only ", (*rec)["ucx_elements_received"], " of ", (*rec)["elements"],

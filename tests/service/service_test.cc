@@ -255,8 +255,10 @@ TEST_P(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
   int64_t received = GetDataServiceStats().elements_received - before;
   EXPECT_GE(received, 5);
   // Two replies requested or buffered at once; a UCX reply batches up to
-  // 256 small elements that were ready together, a gRPC reply holds one.
-  EXPECT_LE(received, 5 + 2 * (GetParam() == "ucx" ? 256 : 1));
+  // kMaxElementsPerReply (256) small elements that were ready together, a
+  // gRPC reply holds one.
+  static_assert(kMaxElementsPerReply == 256);
+  EXPECT_LE(received, 5 + 2 * (GetParam() == "ucx" ? kMaxElementsPerReply : 1));
 }
 
 TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
