@@ -87,6 +87,12 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t ma
     return stop_ || !buffer_.empty() || produced_all_ || !error_.ok();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+  // A tracked split completes once its elements are handed to the data
+  // plane, not once the client has them: a batch could hand over a whole
+  // split in one reply, and a worker dying with that reply in flight would
+  // lose the split. One element per reply keeps the window at the replies
+  // in flight that carry a split's last elements (docs/service.md).
+  if (splits_ && def_.split_tracked()) max_elements = 1;
   ServedBatch out;
   if (!buffer_.empty()) {
     size_t bytes = 0;

@@ -493,6 +493,14 @@ TEST_P(ServiceTest, DistributedEpochDeliversEachElementExactlyOnce) {
   std::vector<int64_t> want(100);
   for (int i = 0; i < 100; ++i) want[i] = i;
   EXPECT_THAT(v, UnorderedElementsAreArray(want));
+  // Split-tracked elements travel one per reply (a batch could carry a
+  // whole split, which a lost reply would then lose).
+  TransportStats before = GetTransportStats();
+  ASSERT_OK_AND_ASSIGN(auto many, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(2000).Distribute(o));
+                       }));
+  EXPECT_EQ(many.size(), 2000u);
+  EXPECT_EQ(GetTransportStats().worker_batched_replies, before.worker_batched_replies);
   // Map/Filter before Distribute run on the workers, over their splits.
   ASSERT_OK_AND_ASSIGN(auto odd, WithHangGuard([&] {
                          return CollectScalars<int64_t>(
