@@ -197,7 +197,9 @@ class DataServiceIterator final : public Iterator {
   DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address)
       : node_(node),
         address_(std::move(address)),
-        distributed_(node.processing_mode() == "distributed_epoch"),
+        mode_(internal::ParseProcessingMode(node.processing_mode())
+                  .value_or(proto::PROCESSING_MODE_UNSPECIFIED)),
+        distributed_(mode_ == proto::DISTRIBUTED_EPOCH),
         stub_(proto::DispatcherService::NewStub(internal::MakeChannel(address_))) {}
 
   // The transport to a task's worker: UCX when both sides want it (with
@@ -281,8 +283,10 @@ class DataServiceIterator final : public Iterator {
             "sluice client: lost task {} on worker {} after receiving {} element(s) from it; {}",
             t.id, t.worker, t.received,
             distributed_ ? "its unfinished splits go to the remaining workers"
-                         : "the rest of its output is lost and the iteration continues from "
-                           "the remaining workers");
+            : internal::StaticShardingOf(mode_)
+                ? "its shard is read again, from its start, by the worker that takes its place"
+                : "the rest of its output is lost and the iteration continues from the "
+                  "remaining workers");
       }
     }
     split_watermark_ = std::max(split_watermark_, resp.completed_split_watermark());
@@ -452,6 +456,7 @@ class DataServiceIterator final : public Iterator {
 
   const proto::DatasetNode::DataService node_;
   const std::string address_;
+  const proto::ProcessingMode mode_;
   const bool distributed_;
   std::unique_ptr<proto::DispatcherService::Stub> stub_;
   int64_t client_id_ = 0;

@@ -45,9 +45,12 @@ inline constexpr int64_t kMaxElementsPerReply = 256;
 inline constexpr int64_t kMaxBytesPerReply = int64_t{256} << 10;
 
 struct DistributeOptions {
-  // "parallel_epochs" (every worker produces the whole dataset) or
+  // "parallel_epochs" (every worker produces the whole dataset),
   // "distributed_epoch" (dynamic sharding: workers pull splits of the
-  // source from the dispatcher; see docs/service.md for the guarantees).
+  // source from the dispatcher), or a static sharding policy: "file",
+  // "data", "file_or_data", "hint" (worker i of the dispatcher's
+  // worker_addresses reads shard i). tf.data's names "off" and "dynamic"
+  // are accepted for the first two. docs/service.md has the guarantees.
   std::string processing_mode = "parallel_epochs";
   // The dispatcher: "grpc://host:port" or "host:port".
   std::string service;

@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "sluice/control/dispatcher_impl.h"
 #include "sluice/control/grpc_util.h"
+#include "sluice/core/status.h"
 #include "control/service.grpc.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -79,6 +80,7 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
           "client_timeout_ms and range_split_elements must be > 0");
     }
   }
+  SLUICE_RETURN_IF_ERROR(internal::ValidateWorkerAddresses(config.worker_addresses));
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->dispatcher = std::make_unique<internal::DispatcherImpl>(config);

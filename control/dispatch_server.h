@@ -25,8 +25,11 @@ struct DispatcherConfig {
   // Not available in this version: Start() fails if fault_tolerant_mode is set.
   std::string work_dir;
   bool fault_tolerant_mode = false;
-  // Static worker list for static sharding policies (distributed_epoch
-  // issue); kept and reported, not yet used.
+  // Static sharding (processing_mode file, data, file_or_data, hint): the
+  // fixed list of N workers, "host:port" or "host:%port%" (any port of that
+  // host). A registering worker takes the entry equal to its address, else
+  // the first free %port% entry of its host; entry i reads shard i of N.
+  // When set, a worker matching no free entry cannot register.
   std::vector<std::string> worker_addresses;
   // distributed_epoch: a Range source is split into sub-ranges of this many
   // elements (FromTensors: one element per split; ListFiles: one file).

@@ -1,12 +1,11 @@
 #include "sluice/control/dispatcher_impl.h"
 #include "sluice/control/grpc_util.h"
 
-#include <glob.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset.h"
@@ -14,23 +13,92 @@
 
 namespace sluice::internal {
 
+namespace {
+
+struct ModeName {
+  const char* name;
+  proto::ProcessingMode mode;
+};
+// The first name of a mode is its canonical one; "off" and "dynamic" are
+// tf.data's names of the sharding policies behind the two epoch modes.
+constexpr ModeName kModeNames[] = {
+    {"parallel_epochs", proto::PARALLEL_EPOCHS}, {"distributed_epoch", proto::DISTRIBUTED_EPOCH},
+    {"file", proto::FILE_SHARDING},              {"data", proto::DATA_SHARDING},
+    {"file_or_data", proto::FILE_OR_DATA_SHARDING}, {"hint", proto::HINT_SHARDING},
+    {"off", proto::PARALLEL_EPOCHS},             {"dynamic", proto::DISTRIBUTED_EPOCH},
+};
+
+}  // namespace
+
 absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name) {
-  if (name == "parallel_epochs") return proto::PARALLEL_EPOCHS;
-  if (name == "distributed_epoch") return proto::DISTRIBUTED_EPOCH;
+  for (const ModeName& m : kModeNames) {
+    if (name == m.name) return m.mode;
+  }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown processing_mode '", name, "'; expected parallel_epochs or distributed_epoch"));
+      "unknown processing_mode '", name,
+      "'; expected parallel_epochs (off), distributed_epoch (dynamic), file, data, "
+      "file_or_data or hint"));
 }
 
 std::string ProcessingModeName(proto::ProcessingMode mode) {
+  for (const ModeName& m : kModeNames) {
+    if (mode == m.mode) return m.name;
+  }
+  return "unspecified";
+}
+
+std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode) {
   switch (mode) {
-    case proto::PARALLEL_EPOCHS: return "parallel_epochs";
-    case proto::DISTRIBUTED_EPOCH: return "distributed_epoch";
-    default: return "unspecified";
+    case proto::FILE_SHARDING: return StaticSharding::kFile;
+    case proto::DATA_SHARDING: return StaticSharding::kData;
+    case proto::FILE_OR_DATA_SHARDING: return StaticSharding::kFileOrData;
+    case proto::HINT_SHARDING: return StaticSharding::kHint;
+    default: return std::nullopt;
   }
 }
 
+std::optional<int64_t> MatchWorkerAddress(
+    const std::vector<std::string>& patterns, const std::string& address,
+    const std::function<bool(int64_t)>& free) {
+  std::optional<int64_t> wildcard;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    const std::string& p = patterns[i];
+    if (p == address) return static_cast<int64_t>(i);
+    constexpr std::string_view kPort = ":%port%";
+    if (!wildcard && p.size() > kPort.size() && p.ends_with(kPort) &&
+        address.starts_with(p.substr(0, p.size() - kPort.size() + 1)) &&
+        address.find(':', p.size() - kPort.size() + 1) == std::string::npos &&
+        free(static_cast<int64_t>(i))) {
+      wildcard = static_cast<int64_t>(i);
+    }
+  }
+  return wildcard;
+}
+
+absl::Status ValidateWorkerAddresses(const std::vector<std::string>& patterns) {
+  std::set<std::string> seen;
+  for (const std::string& p : patterns) {
+    size_t colon = p.rfind(':');
+    bool ok = colon != std::string::npos && colon > 0 && colon + 1 < p.size();
+    if (ok && p.substr(colon + 1) != "%port%") {
+      for (char c : p.substr(colon + 1)) ok = ok && c >= '0' && c <= '9';
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker_addresses: '", p, "' is not host:port or host:%port%"));
+    }
+    if (p.substr(colon + 1) != "%port%" && !seen.insert(p).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker_addresses: '", p, "' is listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 DispatcherImpl::DispatcherImpl(DispatcherConfig config, Clock clock)
-    : config_(std::move(config)), clock_(std::move(clock)) {}
+    : config_(std::move(config)),
+      clock_(std::move(clock)),
+      shard_claims_(config_.worker_addresses.size()) {}
 
 void DispatcherImpl::Shutdown() {
   absl::MutexLock l(&mu_);
@@ -53,11 +121,45 @@ void DispatcherImpl::CreateTaskLocked(Iteration& it, Worker& w) {
   def.set_processing_mode(job.mode);
   def.set_worker_index(w.index);
   def.set_split_tracked(job.split_tracked);
+  if (StaticShardingOf(job.mode)) {
+    t.shard = w.index;
+    def.set_num_shards(static_cast<int64_t>(config_.worker_addresses.size()));
+  }
   w.pending_new.push_back(std::move(def));
   w.tasks.insert(t.id);
   it.tasks.insert(t.id);
   ++it.version;
   tasks_.emplace(t.id, std::move(t));
+}
+
+bool DispatcherImpl::NeedsTaskLocked(const Iteration& it, const Worker& w) {
+  if (!StaticShardingOf(jobs_.at(it.job_id).mode)) return true;
+  for (int64_t id : it.tasks) {
+    const Task& t = tasks_.at(id);
+    if (t.shard == w.index && !t.lost) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<int64_t> DispatcherImpl::ClaimShardLocked(const std::string& address) {
+  for (size_t i = 0; i < shard_claims_.size(); ++i) {
+    if (shard_claims_[i] == address) return static_cast<int64_t>(i);
+  }
+  std::optional<int64_t> index =
+      MatchWorkerAddress(config_.worker_addresses, address,
+                         [this](int64_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           const std::string& holder = shard_claims_[i];
+                           return holder.empty() || !workers_.count(holder);
+                         });
+  if (!index) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", address, " is not in the dispatcher's worker_addresses [",
+        absl::StrJoin(config_.worker_addresses, ", "),
+        "] (or every matching entry is held by a live worker); list it, or start the worker "
+        "with a listed worker_address"));
+  }
+  shard_claims_[*index] = address;
+  return *index;
 }
 
 void DispatcherImpl::FinishTaskLocked(Task& t, bool lost) {
@@ -78,9 +180,17 @@ void DispatcherImpl::FinishTaskLocked(Task& t, bool lost) {
 
 void DispatcherImpl::UpdateFinishedLocked(Iteration& it) {
   if (it.finished || it.tasks.empty()) return;
+  std::set<int64_t> completed_shards;
   for (int64_t id : it.tasks) {
     const Task& t = tasks_.at(id);
     if (!t.completed && !t.lost) return;
+    if (t.completed) completed_shards.insert(t.shard);
+  }
+  // Static sharding: an iteration ends only once every shard was read to
+  // its end (a lost worker's shard waits for a worker to take it again).
+  if (StaticShardingOf(jobs_.at(it.job_id).mode) &&
+      completed_shards.size() < config_.worker_addresses.size()) {
+    return;
   }
   it.finished = true;
   ++it.version;
@@ -99,13 +209,19 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
     w.address = addr;
     w.transfer_address = req.transfer_address().empty() ? addr : req.transfer_address();
     w.protocol = req.transfer_protocol().empty() ? "grpc" : req.transfer_protocol();
-    w.index = next_worker_index_++;
+    if (config_.worker_addresses.empty()) {
+      w.index = next_worker_index_++;
+    } else {
+      SLUICE_ASSIGN_OR_RETURN(w.index, ClaimShardLocked(addr));
+    }
     wit = workers_.emplace(addr, std::move(w)).first;
-    spdlog::info("dispatcher: worker {} registered (transfer {} over {})", addr,
-                 wit->second.transfer_address, wit->second.protocol);
+    spdlog::info("dispatcher: worker {} registered as worker {} (transfer {} over {})", addr,
+                 wit->second.index, wit->second.transfer_address, wit->second.protocol);
     // A worker that joins mid-job gets a task for every running iteration.
     for (auto& [id, it] : iterations_) {
-      if (!it.finished && !it.collected) CreateTaskLocked(it, wit->second);
+      if (!it.finished && !it.collected && NeedsTaskLocked(it, wit->second)) {
+        CreateTaskLocked(it, wit->second);
+      }
     }
   }
   Worker& w = wit->second;
@@ -117,11 +233,21 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   // Reconcile: tasks this worker should hold but does not (it restarted)
   // are lost; tasks it holds that we no longer know are deleted.
   std::set<int64_t> held(req.current_tasks().begin(), req.current_tasks().end());
+  std::set<int64_t> lost_in;  // iterations that lost a task of this worker
   for (int64_t id : w.tasks) {
     Task& t = tasks_.at(id);
     if (t.delivered && !held.count(id) && !t.completed && !t.lost) {
       spdlog::warn("dispatcher: worker {} no longer holds task {}; marking it lost", addr, id);
       FinishTaskLocked(t, true);
+      lost_in.insert(t.iteration_id);
+    }
+  }
+  // Static sharding: the restarted worker reads its shard again.
+  for (int64_t iteration_id : lost_in) {
+    Iteration& it = iterations_.at(iteration_id);
+    if (!it.finished && !it.collected && StaticShardingOf(jobs_.at(it.job_id).mode) &&
+        NeedsTaskLocked(it, w)) {
+      CreateTaskLocked(it, w);
     }
   }
   for (int64_t id : held) {
@@ -218,9 +344,16 @@ absl::Status DispatcherImpl::GetDatasetDef(const proto::GetDatasetDefRequest& re
 
 absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& req,
                                             proto::GetOrCreateJobResponse* resp) {
-  if (req.processing_mode() != proto::PARALLEL_EPOCHS &&
-      req.processing_mode() != proto::DISTRIBUTED_EPOCH) {
-    return absl::InvalidArgumentError("GetOrCreateJob: processing_mode is unspecified");
+  if (!proto::ProcessingMode_IsValid(req.processing_mode()) ||
+      req.processing_mode() == proto::PROCESSING_MODE_UNSPECIFIED) {
+    return absl::InvalidArgumentError("GetOrCreateJob: processing_mode is unspecified or unknown");
+  }
+  const std::optional<StaticSharding> sharding = StaticShardingOf(req.processing_mode());
+  if (sharding && config_.worker_addresses.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "processing_mode=", ProcessingModeName(req.processing_mode()),
+        " (static sharding) needs the dispatcher's worker_addresses: the fixed list of workers, "
+        "worker i of N reading shard i (sluice-dispatcher --worker_addresses)"));
   }
   if (req.num_consumers() < 0) {
     return absl::InvalidArgumentError("GetOrCreateJob: num_consumers must be >= 0");
@@ -255,9 +388,25 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
       return absl::OkStatus();
     }
   }
+  const proto::DatasetDef& def = datasets_.at(req.dataset_id()).def;
+  if (sharding) {
+    // Workers apply the same rewrite; checking it here turns a pipeline
+    // that cannot be sharded into an error for the client at once.
+    auto sharded = ApplyStaticSharding(def, *sharding,
+                                       static_cast<int64_t>(config_.worker_addresses.size()), 0);
+    if (!sharded.ok() && absl::IsInvalidArgument(sharded.status())) return sharded.status();
+    if (!sharded.ok()) {
+      spdlog::info("dispatcher: cannot check the sharding of dataset {} here ({}); workers will",
+                   req.dataset_id(), std::string(sharded.status().message()));
+    }
+  } else if (ContainsShardHint(def.root())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pipeline has Shard(kShardHint, kShardHint), which only processing_mode=hint fills "
+        "in; requested processing_mode=", ProcessingModeName(req.processing_mode())));
+  }
   Job job;
   if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
-    auto source = FindSplitSource(datasets_.at(req.dataset_id()).def.root());
+    auto source = FindSplitSource(def.root());
     if (!source.ok()) return source.status();
     job.split_source = *source->source;
     job.split_tracked = source->tracked;
@@ -496,25 +645,12 @@ int64_t RangeLength(const proto::DatasetNode::Range& r) {
 }
 
 absl::StatusOr<std::vector<std::string>> Glob(const std::string& pattern) {
-  glob_t g;
-  std::memset(&g, 0, sizeof(g));
-  int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
-  std::vector<std::string> files;
-  if (rc == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) files.push_back(g.gl_pathv[i]);
-  }
-  globfree(&g);
-  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
-    return absl::NotFoundError(absl::StrCat(
-        "distributed_epoch: ListFiles: no files match '", pattern,
-        "' on the dispatcher (it lists the files to split them; workers and the dispatcher "
-        "must see the same file system)"));
-  }
-  if (rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("distributed_epoch: ListFiles: the dispatcher cannot read '", pattern, "'"));
-  }
-  return files;
+  auto files = GlobFiles(pattern);
+  if (files.ok()) return files;
+  return absl::Status(files.status().code(),
+                      absl::StrCat("distributed_epoch: ", files.status().message(),
+                                   " on the dispatcher (it lists the files to split them; "
+                                   "workers and the dispatcher must see the same file system)"));
 }
 
 }  // namespace

@@ -47,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -57,6 +58,7 @@
 #include "absl/time/time.h"
 #include "control/service.pb.h"
 #include "sluice/control/dispatch_server.h"
+#include "sluice/dataset/dataset_internal.h"
 
 namespace sluice::internal {
 
@@ -168,6 +170,7 @@ class DispatcherImpl {
     bool lost = false;
     bool delivered = false;  // the worker received it in a heartbeat reply
     std::set<int64_t> held_splits;  // distributed_epoch: open splits it holds
+    int64_t shard = -1;             // static sharding: the shard it reads
   };
   struct Worker {
     std::string address, transfer_address, protocol;
@@ -185,6 +188,12 @@ class DispatcherImpl {
   };
 
   void CreateTaskLocked(Iteration& it, Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `w` should get a task of `it`: always, except under static
+  // sharding once another task completed or is reading w's shard.
+  bool NeedsTaskLocked(const Iteration& it, const Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker_addresses entry (shard index) a registering worker takes.
+  absl::StatusOr<int64_t> ClaimShardLocked(const std::string& address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishTaskLocked(Task& t, bool lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateFinishedLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveClientLocked(int64_t client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,6 +216,10 @@ class DispatcherImpl {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_index_ ABSL_GUARDED_BY(mu_) = 0;
+  // Static sharding: the worker address holding each worker_addresses entry
+  // (empty: never claimed). A claim outlives its worker so that a worker
+  // coming back at the same address reads the same shard.
+  std::vector<std::string> shard_claims_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, DatasetEntry> datasets_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> job_by_name_ ABSL_GUARDED_BY(mu_);
@@ -217,9 +230,23 @@ class DispatcherImpl {
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
-// "parallel_epochs" / "distributed_epoch" <-> enum.
+// processing_mode names <-> enum: parallel_epochs (alias off),
+// distributed_epoch (alias dynamic), file, data, file_or_data, hint.
 absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name);
 std::string ProcessingModeName(proto::ProcessingMode mode);
+// The static sharding policy of a mode; nullopt for the epoch modes.
+std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode);
+
+// Static sharding: the entry of `patterns` (worker_addresses) a worker at
+// `address` ("host:port") takes. An entry equal to the address wins; else
+// the first "host:%port%" entry of the same host for which free(index)
+// holds. nullopt when none matches.
+std::optional<int64_t> MatchWorkerAddress(
+    const std::vector<std::string>& patterns, const std::string& address,
+    const std::function<bool(int64_t)>& free);
+// InvalidArgument unless every entry is host:port or host:%port% and no
+// host:port is listed twice.
+absl::Status ValidateWorkerAddresses(const std::vector<std::string>& patterns);
 
 
 }  // namespace sluice::internal

@@ -296,6 +296,15 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeNode(
     case proto::DatasetNode::kShard: {
       SLUICE_RETURN_IF_ERROR(need_input("Shard"));
       int64_t k = node.shard().num_shards(), i = node.shard().index();
+      if (k == kShardHint || i == kShardHint) {
+        if (k != i) {
+          return Invalid("Shard", "a shard hint needs both num_shards and index = kShardHint");
+        }
+        a->spec = in->spec;
+        a->cardinality = in->cardinality == kInfiniteCardinality ? kInfiniteCardinality
+                                                                 : kUnknownCardinality;
+        break;
+      }
       if (k <= 0) return Invalid("Shard", absl::StrCat("num_shards must be > 0; got ", k));
       if (i < 0 || i >= k) {
         return Invalid("Shard", absl::StrCat("index must be in [0, ", k, "); got ", i));

@@ -49,6 +49,10 @@ class Iterator {
 inline constexpr int64_t kInfiniteCardinality = -1;
 inline constexpr int64_t kUnknownCardinality = -2;
 
+// Shard(kShardHint, kShardHint): a placeholder filled in by static sharding
+// (processing_mode "hint"), as tf.data's SHARD_HINT.
+inline constexpr int64_t kShardHint = -1;
+
 class Dataset {
  public:
   // ---- sources ----
@@ -95,7 +99,9 @@ class Dataset {
   Dataset Repeat(int64_t count = -1) const;
   Dataset Take(int64_t count) const;
   Dataset Skip(int64_t count) const;
-  // Every num_shards-th element starting at index.
+  // Every num_shards-th element starting at index. Shard(kShardHint,
+  // kShardHint) marks where Distribute's processing_mode "hint" shards the
+  // pipeline (worker i of N reads shard i); it cannot run anywhere else.
   Dataset Shard(int64_t num_shards, int64_t index) const;
   // Produces up to buffer_size elements ahead on a background thread.
   Dataset Prefetch(int64_t buffer_size) const;

@@ -109,6 +109,33 @@ struct SplitSourceInfo {
 // splittable source outside Interleave functions.
 absl::StatusOr<SplitSourceInfo> FindSplitSource(const proto::DatasetNode& root);
 
+// The files matching a glob pattern, sorted (what ListFiles yields):
+// NotFound when none match, Unavailable when the pattern cannot be read.
+absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern);
+
+// Static sharding (tf.data's FILE, DATA, FILE_OR_DATA and HINT policies):
+// worker `index` of `num_shards` reads one shard of the pipeline.
+enum class StaticSharding : uint8_t {
+  kFile,        // every file source reads every num_shards-th file
+  kData,        // the pipeline's output keeps every num_shards-th element
+  kFileOrData,  // kFile when the pipeline has a file source, else kData
+  kHint,        // every Shard(kShardHint, kShardHint) becomes Shard(num_shards, index)
+};
+
+// Rewrites `def` to read shard `index` of `num_shards`. File sources are
+// ListFiles nodes, the file names read by ReadRecords /
+// ReadFixedLengthRecords, and the input of an Interleave whose function
+// reads records from its element. Errors (InvalidArgument): kFile without
+// a file source; kHint without a hint; a file source known to hold fewer
+// files than shards (ListFiles is globbed here; its NotFound/Unavailable
+// errors are returned as they are).
+absl::StatusOr<proto::DatasetDef> ApplyStaticSharding(const proto::DatasetDef& def,
+                                                      StaticSharding policy, int64_t num_shards,
+                                                      int64_t index);
+// Whether `root` has a Shard(kShardHint, kShardHint) outside or inside
+// Interleave functions.
+bool ContainsShardHint(const proto::DatasetNode& root);
+
 absl::StatusOr<std::unique_ptr<Iterator>> MakeNodeIterator(
     std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx);
 

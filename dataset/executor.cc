@@ -1,5 +1,4 @@
 // The local executor: one Iterator class per dataset op.
-#include <glob.h>
 
 #include <cstdio>
 #include <cstring>
@@ -149,20 +148,7 @@ class ListFilesIterator : public NodeIterator {
   Result Next() override {
     if (!listed_) {
       listed_ = true;
-      const std::string& pattern = node().list_files().pattern();
-      glob_t g;
-      std::memset(&g, 0, sizeof(g));
-      int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
-      if (rc == 0) {
-        for (size_t i = 0; i < g.gl_pathc; ++i) files_.push_back(g.gl_pathv[i]);
-      }
-      globfree(&g);
-      if (rc == GLOB_NOMATCH || (rc == 0 && files_.empty())) {
-        return absl::NotFoundError(absl::StrCat("ListFiles: no files match '", pattern, "'"));
-      }
-      if (rc != 0) {
-        return absl::UnavailableError(absl::StrCat("ListFiles: cannot read '", pattern, "'"));
-      }
+      SLUICE_ASSIGN_OR_RETURN(files_, GlobFiles(node().list_files().pattern()));
     }
     if (i_ >= files_.size()) return End();
     return Some({Tensor::String(files_[i_++])});
@@ -538,6 +524,11 @@ class ShardIterator : public UnaryIterator {
   using UnaryIterator::UnaryIterator;
   Result Next() override {
     const auto& s = node().shard();
+    if (s.num_shards() == kShardHint) {
+      return absl::FailedPreconditionError(
+          "Shard(kShardHint, kShardHint) is a placeholder for Distribute's processing_mode "
+          "\"hint\"; it cannot run locally or under another processing mode");
+    }
     while (true) {
       SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
       if (!e) return End();

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   app.add_flag("--fault_tolerant_mode", c.fault_tolerant_mode,
                "journal every state change (not yet available)");
   app.add_option("--worker_addresses", c.worker_addresses,
-                 "static worker list for static sharding policies")
+                 "static sharding (processing_mode file/data/file_or_data/hint): the N workers, "
+                 "host:port or host:%port%; entry i reads shard i")
       ->delimiter(',');
   app.add_option("--job_gc_check_interval_ms", c.job_gc_check_interval_ms,
                  "how often timeouts and garbage collection run")

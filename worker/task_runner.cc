@@ -1,6 +1,7 @@
 #include "sluice/worker/task_runner.h"
 
 #include "absl/strings/str_cat.h"
+#include "sluice/control/dispatcher_impl.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/dataset_internal.h"
@@ -38,7 +39,17 @@ void TaskRunner::Produce() {
     absl::MutexLock l(&mu_);
     error_ = std::move(s);
   };
-  auto ds = Dataset::FromDef(def_.dataset());
+  proto::DatasetDef def = def_.dataset();
+  if (std::optional<StaticSharding> sharding = StaticShardingOf(def_.processing_mode())) {
+    auto sharded = ApplyStaticSharding(def, *sharding, def_.num_shards(), def_.worker_index());
+    if (!sharded.ok()) {
+      spdlog::warn("worker: task {} cannot shard its dataset: {}", def_.task_id(),
+                   std::string(sharded.status().message()));
+      return fail(sharded.status());
+    }
+    def = *std::move(sharded);
+  }
+  auto ds = Dataset::FromDef(def);
   if (!ds.ok()) {
     spdlog::warn("worker: task {} cannot build its dataset: {}", def_.task_id(),
                  std::string(ds.status().message()));

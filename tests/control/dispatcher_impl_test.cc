@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -206,13 +207,29 @@ TEST(ProcessingModeTest, ParsesKnownNames) {
   EXPECT_EQ(ProcessingModeName(proto::PARALLEL_EPOCHS), "parallel_epochs");
   EXPECT_EQ(ProcessingModeName(proto::DISTRIBUTED_EPOCH), "distributed_epoch");
   EXPECT_EQ(ProcessingModeName(proto::PROCESSING_MODE_UNSPECIFIED), "unspecified");
+  // Static sharding policies, and tf.data's names of the epoch modes.
+  const std::pair<const char*, proto::ProcessingMode> names[] = {
+      {"file", proto::FILE_SHARDING},
+      {"data", proto::DATA_SHARDING},
+      {"file_or_data", proto::FILE_OR_DATA_SHARDING},
+      {"hint", proto::HINT_SHARDING}};
+  for (const auto& [name, mode] : names) {
+    ASSERT_OK_AND_ASSIGN(auto m, ParseProcessingMode(name));
+    EXPECT_EQ(m, mode);
+    EXPECT_EQ(ProcessingModeName(mode), name);
+    EXPECT_TRUE(StaticShardingOf(mode).has_value());
+  }
+  EXPECT_EQ(*ParseProcessingMode("off"), proto::PARALLEL_EPOCHS);
+  EXPECT_EQ(*ParseProcessingMode("dynamic"), proto::DISTRIBUTED_EPOCH);
+  EXPECT_FALSE(StaticShardingOf(proto::PARALLEL_EPOCHS).has_value());
+  EXPECT_FALSE(StaticShardingOf(proto::DISTRIBUTED_EPOCH).has_value());
 }
 
 TEST(ProcessingModeTest, RejectsUnknownNames) {
   EXPECT_STATUS(ParseProcessingMode("bogus"), absl::StatusCode::kInvalidArgument,
                 "unknown processing_mode 'bogus'");
   EXPECT_STATUS(ParseProcessingMode("bogus"), absl::StatusCode::kInvalidArgument,
-                "expected parallel_epochs or distributed_epoch");
+                "expected parallel_epochs (off), distributed_epoch (dynamic), file, data");
   EXPECT_STATUS(ParseProcessingMode(""), absl::StatusCode::kInvalidArgument,
                 "unknown processing_mode ''");
   // Names are exact: no case folding, no enum spellings.
@@ -1298,6 +1315,127 @@ TEST_F(DispatcherImplTest, GetDataServiceConfigReflectsTheConfig) {
   EXPECT_EQ(resp.client_timeout_ms(), 5678);
   EXPECT_EQ(resp.job_gc_timeout_ms(), 91011);
   EXPECT_FALSE(resp.fault_tolerant_mode());
+}
+
+// ---- static sharding ------------------------------------------------------------
+
+TEST(WorkerAddressesTest, ValidatesAndMatches) {
+  EXPECT_OK(ValidateWorkerAddresses({"h:1", "h:%port%", "h:%port%", "10.0.0.2:5000"}));
+  EXPECT_STATUS(ValidateWorkerAddresses({"h"}), absl::StatusCode::kInvalidArgument,
+                "'h' is not host:port or host:%port%");
+  EXPECT_STATUS(ValidateWorkerAddresses({"h:x1"}), absl::StatusCode::kInvalidArgument, "'h:x1'");
+  EXPECT_STATUS(ValidateWorkerAddresses({":1"}), absl::StatusCode::kInvalidArgument, "':1'");
+  EXPECT_STATUS(ValidateWorkerAddresses({"h:1", "h:1"}), absl::StatusCode::kInvalidArgument,
+                "listed twice");
+  const std::vector<std::string> p = {"a:%port%", "b:7", "a:%port%", "b:%port%"};
+  auto all = [](int64_t) { return true; };
+  EXPECT_EQ(MatchWorkerAddress(p, "b:7", all), 1);             // exact wins
+  EXPECT_EQ(MatchWorkerAddress(p, "b:8", all), 3);             // host:%port%
+  EXPECT_EQ(MatchWorkerAddress(p, "a:9", all), 0);             // first free wildcard
+  EXPECT_EQ(MatchWorkerAddress(p, "a:9", [](int64_t i) { return i != 0; }), 2);
+  EXPECT_EQ(MatchWorkerAddress(p, "a:9", [](int64_t) { return false; }), std::nullopt);
+  EXPECT_EQ(MatchWorkerAddress(p, "c:7", all), std::nullopt);  // other host
+  EXPECT_EQ(MatchWorkerAddress(p, "aa:9", all), std::nullopt);  // not a prefix match
+}
+
+class StaticShardingDispatcherTest : public DispatcherImplTest {
+ protected:
+  StaticShardingDispatcherTest() {
+    DispatcherConfig c = TestConfig();
+    c.worker_timeout_ms = 1000;
+    c.worker_addresses = {kW2, "127.0.0.1:%port%", "127.0.0.1:%port%"};
+    Reset(c);
+  }
+};
+
+TEST_F(StaticShardingDispatcherTest, WorkersTakeTheirListedIndexAndOthersAreRejected) {
+  ASSERT_OK(WorkerHb(kW1).status());  // first free %port% entry: 1
+  ASSERT_OK(WorkerHb(kW2).status());  // its own entry: 0
+  ASSERT_OK(WorkerHb(kW3).status());  // 2
+  EXPECT_STATUS(WorkerHb("127.0.0.1:7004"), absl::StatusCode::kFailedPrecondition,
+                "not in the dispatcher's worker_addresses");
+  EXPECT_STATUS(WorkerHb("10.0.0.1:7001"), absl::StatusCode::kFailedPrecondition,
+                "not in the dispatcher's worker_addresses");
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(30));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "", proto::DATA_SHARDING));
+  ASSERT_OK(Iteration(job).status());
+  std::map<std::string, int64_t> index;
+  for (const char* w : {kW1, kW2, kW3}) {
+    ASSERT_OK_AND_ASSIGN(auto r, WorkerHb(w));
+    ASSERT_EQ(r.new_tasks_size(), 1);
+    EXPECT_EQ(r.new_tasks(0).num_shards(), 3);
+    EXPECT_EQ(r.new_tasks(0).processing_mode(), proto::DATA_SHARDING);
+    index[w] = r.new_tasks(0).worker_index();
+  }
+  EXPECT_EQ(index[kW1], 1);
+  EXPECT_EQ(index[kW2], 0);
+  EXPECT_EQ(index[kW3], 2);
+  // Once kW3 timed out, a new worker of that host takes its free entry.
+  Advance(absl::Milliseconds(600));
+  ASSERT_OK(WorkerHb(kW1, {}).status());
+  ASSERT_OK(WorkerHb(kW2, {}).status());
+  Advance(absl::Milliseconds(600));
+  d_->Tick();
+  ASSERT_OK_AND_ASSIGN(auto r4, WorkerHb("127.0.0.1:7004"));
+  ASSERT_EQ(r4.new_tasks_size(), 1);
+  EXPECT_EQ(r4.new_tasks(0).worker_index(), 2);
+}
+
+TEST_F(StaticShardingDispatcherTest, IterationEndsOnlyOnceEveryShardCompleted) {
+  ASSERT_OK(WorkerHb(kW2).status());  // shard 0
+  ASSERT_OK(WorkerHb(kW1).status());  // shard 1
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(30));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "", proto::DATA_SHARDING));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto a, WorkerHb(kW2));
+  ASSERT_OK_AND_ASSIGN(auto b, WorkerHb(kW1));
+  ASSERT_OK(Complete(kW2, a.new_tasks(0).task_id()));
+  ASSERT_OK(Complete(kW1, b.new_tasks(0).task_id()));
+  // Shard 2 has no worker yet: the iteration goes on.
+  ASSERT_OK_AND_ASSIGN(auto hb, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb.iteration_finished());
+  ASSERT_OK_AND_ASSIGN(auto c, WorkerHb(kW3));
+  ASSERT_EQ(c.new_tasks_size(), 1);
+  EXPECT_EQ(c.new_tasks(0).worker_index(), 2);
+  // A worker restarting at kW3 (no longer holding its task) reads shard 2
+  // again in a new task.
+  ASSERT_OK_AND_ASSIGN(auto again, WorkerHb(kW3, {}));
+  ASSERT_EQ(again.new_tasks_size(), 1);
+  EXPECT_NE(again.new_tasks(0).task_id(), c.new_tasks(0).task_id());
+  EXPECT_EQ(again.new_tasks(0).worker_index(), 2);
+  ASSERT_OK_AND_ASSIGN(hb, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(hb.iteration_finished());
+  ASSERT_OK(Complete(kW3, again.new_tasks(0).task_id()));
+  ASSERT_OK_AND_ASSIGN(hb, ClientHb(it.iteration_client_id()));
+  EXPECT_TRUE(hb.iteration_finished());
+  // Finished shards are not read again by a worker that comes later.
+  EXPECT_EQ(d_->GetStats().live_tasks, 4);
+}
+
+TEST_F(StaticShardingDispatcherTest, JobsCheckThePipelineAndTheWorkerList) {
+  ASSERT_OK_AND_ASSIGN(std::string range, RegisterRange(30));
+  EXPECT_STATUS(Job(range, "", proto::FILE_SHARDING), absl::StatusCode::kInvalidArgument,
+                "no file source");
+  ASSERT_OK_AND_ASSIGN(std::string two_files, Register(Dataset::ReadRecords({"a", "b"}).def()));
+  EXPECT_STATUS(Job(two_files, "", proto::FILE_SHARDING), absl::StatusCode::kInvalidArgument,
+                "2 file(s) for 3 workers");
+  ASSERT_OK_AND_ASSIGN(std::string no_hint, RegisterRange(5));
+  EXPECT_STATUS(Job(no_hint, "", proto::HINT_SHARDING), absl::StatusCode::kInvalidArgument,
+                "no Shard(kShardHint");
+  ASSERT_OK_AND_ASSIGN(std::string hinted,
+                       Register(Dataset::Range(9).Shard(kShardHint, kShardHint).def()));
+  EXPECT_OK(Job(hinted, "", proto::HINT_SHARDING).status());
+  EXPECT_STATUS(Job(hinted, "", proto::PARALLEL_EPOCHS), absl::StatusCode::kInvalidArgument,
+                "only processing_mode=hint");
+  // A pattern the dispatcher cannot list is left to the workers to check.
+  ASSERT_OK_AND_ASSIGN(std::string elsewhere,
+                       Register(Dataset::ReadRecords(Dataset::ListFiles("/nonexistent/*")).def()));
+  EXPECT_OK(Job(elsewhere, "", proto::FILE_SHARDING).status());
+  // Without worker_addresses there is nothing to shard over.
+  Reset(TestConfig());
+  ASSERT_OK_AND_ASSIGN(range, RegisterRange(30));
+  EXPECT_STATUS(Job(range, "", proto::DATA_SHARDING), absl::StatusCode::kFailedPrecondition,
+                "needs the dispatcher's worker_addresses");
 }
 
 }  // namespace

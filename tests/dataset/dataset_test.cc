@@ -21,6 +21,7 @@ namespace {
 
 using ::sluice_test::Collect;
 using ::sluice_test::CollectScalars;
+using ::sluice_test::TempDir;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -32,21 +33,6 @@ std::vector<int64_t> Iota(int64_t n, int64_t start = 0, int64_t step = 1) {
   for (int64_t i = 0; i < n; ++i) v.push_back(start + i * step);
   return v;
 }
-
-// A fresh directory under the test temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "sluice_ds_XXXXXX";
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);

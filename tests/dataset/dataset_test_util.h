@@ -1,6 +1,10 @@
 // Helpers for dataset tests: drain a dataset, read scalar values.
 #pragma once
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "sluice/dataset/dataset.h"
@@ -38,5 +42,20 @@ absl::StatusOr<std::vector<T>> CollectScalars(const sluice::Dataset& ds, size_t 
   }
   return out;
 }
+
+// A fresh directory under the test temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = ::testing::TempDir() + "sluice_ds_XXXXXX";
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace sluice_test

@@ -66,6 +66,13 @@ void TakeScalars(Iterator& it, int n, std::vector<int64_t>* got) {
   }
 }
 
+// 0, 1, ..., n-1.
+std::vector<int64_t> Iota(int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
 std::map<int64_t, int> Counts(const std::vector<int64_t>& v) {
   std::map<int64_t, int> m;
   for (int64_t x : v) ++m[x];
@@ -490,9 +497,7 @@ TEST_P(ServiceTest, DistributedEpochDeliversEachElementExactlyOnce) {
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
                          return CollectScalars<int64_t>(Dataset::Range(100).Distribute(o));
                        }));
-  std::vector<int64_t> want(100);
-  for (int i = 0; i < 100; ++i) want[i] = i;
-  EXPECT_THAT(v, UnorderedElementsAreArray(want));
+  EXPECT_THAT(v, UnorderedElementsAreArray(Iota(100)));
   // Split-tracked elements travel one per reply (a batch could carry a
   // whole split, which a lost reply would then lose).
   TransportStats before = GetTransportStats();
@@ -535,9 +540,7 @@ TEST_P(ServiceTest, DistributedEpochUntrackedPipelineAndFileSplits) {
   for (const Element& b : batches) {
     for (int64_t i = 0; i < b[0].num_elements(); ++i) got.push_back(b[0].at<int64_t>(i));
   }
-  std::vector<int64_t> want(20);
-  for (int i = 0; i < 20; ++i) want[i] = i;
-  EXPECT_THAT(got, UnorderedElementsAreArray(want));
+  EXPECT_THAT(got, UnorderedElementsAreArray(Iota(20)));
   // ReadRecords over files: one file per split.
   std::vector<std::string> files;
   std::vector<std::string> records;
@@ -609,6 +612,134 @@ TEST_P(ServiceTest, DistributedEpochLostWorkersSplitsAreReassignedAndDeduplicate
   auto counts = Counts(got);
   ASSERT_EQ(counts.size(), static_cast<size_t>(kN)) << "elements missing";
   for (auto [value, n] : counts) ASSERT_EQ(n, 1) << "value " << value;
+}
+
+// ---- static sharding ----------------------------------------------------------
+
+// worker_addresses of `n` entries where only entry `free` can be taken by
+// this test's workers (the others name ports no worker here listens on).
+DispatcherConfig OnlyShardFree(int n, int free) {
+  DispatcherConfig dc;
+  for (int i = 0; i < n; ++i) {
+    dc.worker_addresses.push_back(i == free ? "127.0.0.1:%port%"
+                                            : "127.0.0.1:" + std::to_string(i + 1));
+  }
+  return dc;
+}
+
+TEST_P(ServiceTest, DataShardingWorkerAtShardOneReadsEveryFifthElement) {
+  StartService(1, OnlyShardFree(5, 1));
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  std::vector<int64_t> want;
+  for (int64_t i = 1; i < 100; i += 5) want.push_back(i);
+  // The other shards have no worker, so the iteration does not end: read
+  // this shard's 20 elements.
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(
+                             Dataset::Range(100).Distribute(o).Take(20));
+                       }));
+  EXPECT_THAT(v, UnorderedElementsAreArray(want));
+  // hint: the pipeline says where to shard.
+  o.processing_mode = "hint";
+  ASSERT_OK_AND_ASSIGN(auto h, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(100)
+                                                            .Shard(kShardHint, kShardHint)
+                                                            .Map(x * 10)
+                                                            .Distribute(o)
+                                                            .Take(20));
+                       }));
+  for (int64_t& w : want) w *= 10;
+  EXPECT_THAT(h, UnorderedElementsAreArray(want));
+}
+
+TEST_P(ServiceTest, DataShardingOverFiveWorkersDeliversEachElementOnce) {
+  DispatcherConfig dc;
+  dc.worker_addresses.assign(5, "127.0.0.1:%port%");
+  StartService(5, dc);
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(Dataset::Range(100).Distribute(o));
+                       }));
+  EXPECT_THAT(v, UnorderedElementsAreArray(Iota(100)));
+  // A worker matching no entry cannot register.
+  WorkerConfig wc;
+  wc.dispatcher_address = dispatcher_->address();
+  wc.data_transfer_protocol = GetParam();
+  EXPECT_STATUS(WorkerServer::Start(wc), absl::StatusCode::kFailedPrecondition,
+                "not in the dispatcher's worker_addresses");
+}
+
+TEST_P(ServiceTest, FileShardingReadsOnlyTheWorkersFiles) {
+  StartService(1, OnlyShardFree(5, 3));
+  sluice_test::TempDir dir;
+  std::vector<std::string> all, mine;
+  for (int f = 0; f < 10; ++f) {
+    std::vector<std::string> recs = {"f" + std::to_string(f) + "r0", "f" + std::to_string(f) + "r1"};
+    ASSERT_OK(WriteTFRecordFile(dir.File("part-0" + std::to_string(f)), recs));
+    if (f % 5 == 3) mine.insert(mine.end(), recs.begin(), recs.end());
+  }
+  DistributeOptions o = Options();
+  o.processing_mode = "file";
+  Dataset files = Dataset::ReadRecords(Dataset::ListFiles(dir.File("part-*")));
+  ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
+                         return Collect(files.Distribute(o).Take(4));
+                       }));
+  std::vector<std::string> got;
+  for (const Element& e : out) got.push_back(std::string(e[0].str(0)));
+  EXPECT_THAT(got, UnorderedElementsAreArray(mine));
+  // Fewer files than workers: a clear error, not a hang or a short epoch.
+  Dataset three = Dataset::ReadRecords(Dataset::ListFiles(dir.File("part-0[012]")));
+  EXPECT_STATUS(WithHangGuard([&] { return Collect(three.Distribute(o)); }),
+                absl::StatusCode::kInvalidArgument, "3 file(s) for 5 workers");
+  // Static sharding needs worker_addresses.
+  TearDown();
+  workers_.clear();
+  StartService(1);
+  o = Options();
+  o.processing_mode = "data";
+  EXPECT_STATUS(WithHangGuard([&] { return Collect(Dataset::Range(3).Distribute(o)); }),
+                absl::StatusCode::kFailedPrecondition, "worker_addresses");
+}
+
+TEST_P(ServiceTest, StaticShardOfALostWorkerIsReadAgainByTheWorkerTakingItsPlace) {
+  DispatcherConfig dc;
+  dc.worker_addresses.assign(2, "127.0.0.1:%port%");
+  dc.worker_timeout_ms = 500;
+  dc.job_gc_check_interval_ms = 100;
+  StartService(2, dc);
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  constexpr int64_t kN = 2000;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+  std::vector<int64_t> got;
+  ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 30, &got));
+  workers_[1]->Stop();
+  // Its entry is free once the dispatcher gave it up.
+  WithHangGuard([&] {
+    while (true) {
+      WorkerConfig wc;
+      wc.dispatcher_address = dispatcher_->address();
+      wc.heartbeat_interval_ms = 200;
+      wc.data_transfer_protocol = GetParam();
+      auto w = WorkerServer::Start(wc);
+      if (w.ok()) {
+        workers_.push_back(*std::move(w));
+        return 0;
+      }
+      EXPECT_TRUE(absl::IsFailedPrecondition(w.status())) << w.status();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  DrainRest(*it, &got);
+  auto counts = Counts(got);
+  ASSERT_EQ(counts.size(), static_cast<size_t>(kN)) << "elements missing";
+  for (auto [value, n] : counts) {
+    if (value % 2 == 0) {
+      ASSERT_EQ(n, 1) << "shard 0 value " << value;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServiceTest, ::testing::Values("grpc", "ucx"),
