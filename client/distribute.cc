@@ -5,11 +5,14 @@
 //  - a heartbeat thread long-polls ClientHeartbeat to learn the
 //    iteration's tasks, lost tasks, failure and end;
 //  - min(max_outstanding_requests, kMaxFetchers) fetcher threads each keep
-//    one GetElement in flight, round-robin over readable tasks, so at most
-//    max_outstanding_requests replies are requested or buffered at once. A
-//    UCX reply batches small elements that were ready together (at most
-//    kMaxElementsPerReply, kMaxBytesPerReply of frames); a larger element
-//    comes alone.
+//    one GetElement in flight, on the readable task with the fewest in
+//    flight (round-robin among equals), so at most max_outstanding_requests
+//    replies are requested or buffered at once. A UCX reply batches small
+//    elements that were ready together (at most kMaxElementsPerReply,
+//    kMaxBytesPerReply of frames); a larger element comes alone.
+//    Coordinated reads: each fetcher instead takes the next round and asks
+//    that round's task for this consumer's element; rounds are delivered in
+//    order, at most max_outstanding_requests of them requested or buffered.
 // Next() runs on the caller's thread and takes buffered elements.
 #include "sluice/client/distribute.h"
 
@@ -39,7 +42,7 @@ constexpr absl::Duration kElementWait = absl::Milliseconds(500);
 
 struct Counters {
   std::atomic<int64_t> elements{0}, bytes{0}, lost_tasks{0}, worker_errors{0}, started{0},
-      released{0}, duplicates{0};
+      released{0}, duplicates{0}, rounds_skipped{0};
 };
 Counters& GetCounters() {
   static Counters* c = new Counters();
@@ -121,6 +124,7 @@ class DataServiceIterator final : public Iterator {
     proto::GetOrCreateIterationRequest iter_req;
     iter_req.set_job_id(job.job_id());
     iter_req.set_repetition(repetition);
+    iter_req.set_consumer_index(node.consumer_index());
     proto::GetOrCreateIterationResponse iter;
     SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(),
                                 &proto::DispatcherService::Stub::GetOrCreateIteration, iter_req,
@@ -185,6 +189,7 @@ class DataServiceIterator final : public Iterator {
     int64_t in_flight = 0;
     int failures = 0;
     absl::Time retry_after = absl::InfinitePast();
+    int64_t starting_round = 0;  // coordinated reads
   };
 
   // Deduplication state of one split: indices [0, prefix) and `beyond`
@@ -197,6 +202,7 @@ class DataServiceIterator final : public Iterator {
   DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address)
       : node_(node),
         address_(std::move(address)),
+        coordinated_(node.num_consumers() > 0),
         mode_(internal::ParseProcessingMode(node.processing_mode())
                   .value_or(proto::PROCESSING_MODE_UNSPECIFIED)),
         distributed_(mode_ == proto::DISTRIBUTED_EPOCH),
@@ -238,7 +244,9 @@ class DataServiceIterator final : public Iterator {
   void StartThreads() {
     threads_.emplace_back([this] { HeartbeatLoop(); });
     int64_t n = std::min<int64_t>(node_.max_outstanding_requests(), kMaxFetchers);
-    for (int64_t i = 0; i < n; ++i) threads_.emplace_back([this] { FetchLoop(); });
+    for (int64_t i = 0; i < n; ++i) {
+      threads_.emplace_back([this] { coordinated_ ? FetchRoundLoop() : FetchLoop(); });
+    }
   }
 
   // One heartbeat; records tasks, losses, failure and the end.
@@ -252,6 +260,8 @@ class DataServiceIterator final : public Iterator {
       if (stop_) return absl::CancelledError("stopping");
       req.set_known_version(version_);
       req.set_wait_ms(absl::ToInt64Milliseconds(wait));
+      req.set_current_round(coordinated_ ? next_round_ : -1);
+      req.set_blocked_round(honoured_block_);
       heartbeat_ctx_ = &ctx;
     }
     proto::ClientHeartbeatResponse resp;
@@ -272,6 +282,7 @@ class DataServiceIterator final : public Iterator {
         t.id = info.task_id();
         t.worker = info.worker_address();
         t.transport = std::move(*transport);
+        t.starting_round = info.starting_round();
         it = tasks_.emplace(t.id, std::move(t)).first;
       }
       Task& t = it->second;
@@ -295,6 +306,10 @@ class DataServiceIterator final : public Iterator {
       error_ = internal::FromProto(resp.error());
     }
     iteration_finished_ = resp.iteration_finished();
+    // Honour a joining round only from at or below it (else the dispatcher
+    // sees our round and picks a later one).
+    const int64_t block = coordinated_ ? resp.block_round() : -1;
+    honoured_block_ = block >= 0 && next_round_ <= block ? block : -1;
     ++generation_;
     return absl::OkStatus();
   }
@@ -357,21 +372,26 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
-  // Picks the next readable task after `rr_`; null if none.
+  // Picks the readable task with the fewest requests in flight, the first
+  // after `rr_` among equals; null if none. Preferring the least loaded
+  // keeps fetchers from piling up on a task with nothing ready (each such
+  // request waits up to kElementWait) while another has elements buffered.
   Task* PickTaskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::Time now = absl::Now();
     auto start = tasks_.upper_bound(rr_);
+    Task* best = nullptr;
     for (int pass = 0; pass < 2; ++pass) {
       for (auto it = pass == 0 ? start : tasks_.begin(); it != tasks_.end(); ++it) {
         if (pass == 1 && it == start) break;
         Task& t = it->second;
-        if (!t.end_of_sequence && !t.lost && t.retry_after <= now) {
-          rr_ = t.id;
-          return &t;
+        if (!t.end_of_sequence && !t.lost && t.retry_after <= now &&
+            (best == nullptr || t.in_flight < best->in_flight)) {
+          best = &t;
         }
       }
     }
-    return nullptr;
+    if (best != nullptr) rr_ = best->id;
+    return best;
   }
 
   void FetchLoop() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -454,8 +474,125 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
+  // Coordinated reads: the task that serves `round`, the (round mod n)-th
+  // by id of the n tasks started at or before it; null when there is none,
+  // or when every task has ended or was lost (nothing left to read).
+  Task* TaskForRoundLocked(int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Task*> active;
+    bool any_live = false;
+    for (auto& [id, t] : tasks_) {
+      if (t.starting_round > round) continue;
+      active.push_back(&t);
+      any_live = any_live || (!t.lost && !t.end_of_sequence);
+    }
+    if (!any_live) return nullptr;
+    return active[round % static_cast<int64_t>(active.size())];
+  }
+
+  // Coordinated reads: `round` resolved (nullopt: skipped); delivers every
+  // resolved round in order.
+  void ResolveRoundLocked(int64_t round, std::optional<Element> e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!e) GetCounters().rounds_skipped++;
+    rounds_.emplace(round, std::move(e));
+    for (auto it = rounds_.begin(); it != rounds_.end() && it->first == deliver_round_;
+         it = rounds_.erase(it)) {
+      if (it->second) results_.push_back({*std::move(it->second)});
+      ++deliver_round_;
+    }
+    ++generation_;
+  }
+
+  // Coordinated reads: each fetcher takes the next round, asks its task
+  // for this consumer's element of it until it resolves, and repeats. A
+  // round whose task ended or was lost is skipped by every consumer alike.
+  void FetchRoundLoop() ABSL_LOCKS_EXCLUDED(mu_) {
+    const int64_t max = node_.max_outstanding_requests();
+    while (true) {
+      int64_t round;
+      int64_t task_id;
+      std::shared_ptr<ElementTransport> transport;
+      {
+        absl::MutexLock l(&mu_);
+        while (true) {
+          if (stop_ || !error_.ok()) return;
+          Task* t = nullptr;
+          if (next_round_ - deliver_round_ + static_cast<int64_t>(results_.size()) < max &&
+              (honoured_block_ < 0 || next_round_ < honoured_block_)) {
+            t = TaskForRoundLocked(next_round_);
+          }
+          if (t != nullptr) {
+            round = next_round_++;
+            if (t->lost || t->end_of_sequence) {
+              ResolveRoundLocked(round, std::nullopt);
+              continue;
+            }
+            task_id = t->id;
+            transport = t->transport;
+            ++t->in_flight;
+            ++in_flight_;
+            break;
+          }
+          const int64_t seen = generation_;
+          auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return stop_ || !error_.ok() || generation_ != seen;
+          };
+          mu_.AwaitWithTimeout(absl::Condition(&woken), absl::Milliseconds(50));
+        }
+      }
+      FetchRound(round, task_id, *transport);
+    }
+  }
+
+  void FetchRound(int64_t round, int64_t task_id, ElementTransport& transport)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    ElementRequest req;
+    req.task_id = task_id;
+    req.consumer_index = node_.consumer_index();
+    req.round = round;
+    req.wait = kElementWait;
+    req.max_bytes = kMaxBytesPerReply;
+    int failures = 0;
+    while (true) {
+      auto r = transport.GetElement(req);
+      absl::MutexLock l(&mu_);
+      Task& t = tasks_.at(task_id);
+      auto resolve = [&](std::optional<Element> e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        --t.in_flight;
+        --in_flight_;
+        ResolveRoundLocked(round, std::move(e));
+      };
+      if (stop_) return resolve(std::nullopt);
+      if (r.ok() && !r->end_of_sequence && !r->not_ready && !r->elements.empty()) {
+        t.received++;
+        GetCounters().elements++;
+        GetCounters().bytes += static_cast<int64_t>(r->bytes);
+        return resolve(std::move(r->elements[0]));
+      }
+      if (r.ok() && r->end_of_sequence) t.end_of_sequence = true;
+      if (t.lost || t.end_of_sequence) return resolve(std::nullopt);
+      if (r.ok()) continue;  // not ready yet
+      absl::Status s = r.status();
+      if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !absl::IsCancelled(s)) {
+        if (error_.ok()) error_ = s;
+        return resolve(std::nullopt);
+      }
+      // The worker may be restarting or gone; the dispatcher decides.
+      GetCounters().worker_errors++;
+      if (failures++ == 0) {
+        spdlog::warn("sluice client: round {} from task {} on worker {}: {}; retrying", round,
+                     t.id, t.worker, std::string(s.message()));
+      }
+      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stopped),
+                           std::min(absl::Milliseconds(20) * (1 << std::min(failures, 6)),
+                                    absl::Seconds(1)));
+    }
+  }
+
   const proto::DatasetNode::DataService node_;
   const std::string address_;
+  const bool coordinated_;
   const proto::ProcessingMode mode_;
   const bool distributed_;
   std::unique_ptr<proto::DispatcherService::Stub> stub_;
@@ -478,6 +615,15 @@ class DataServiceIterator final : public Iterator {
   // distributed_epoch: per split, what was delivered (see FirstDeliveryLocked).
   std::map<int64_t, SplitSeen> seen_ ABSL_GUARDED_BY(mu_);
   int64_t split_watermark_ ABSL_GUARDED_BY(mu_) = 0;
+  // Coordinated reads: the next round to request, the next to deliver, the
+  // resolved rounds not yet delivered (nullopt: skipped), and the joining
+  // round this consumer honours (-1: none; see ClientHeartbeatResponse).
+  // INVARIANT: deliver_round_ <= next_round_; no round >= honoured_block_
+  // is requested while honoured_block_ >= 0.
+  int64_t next_round_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t deliver_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, std::optional<Element>> rounds_ ABSL_GUARDED_BY(mu_);
+  int64_t honoured_block_ ABSL_GUARDED_BY(mu_) = -1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* heartbeat_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -514,9 +660,21 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
                                                    o.data_transfer_protocol,
                                                    "'; expected grpc or ucx"));
   }
-  if (o.consumer_index.has_value() || o.num_consumers.has_value()) {
-    return absl::UnimplementedError(
-        "Distribute: coordinated reads (consumer_index/num_consumers) are not available yet");
+  if (o.consumer_index.has_value() != o.num_consumers.has_value()) {
+    return absl::InvalidArgumentError(
+        "Distribute: coordinated reads need both consumer_index and num_consumers");
+  }
+  if (o.num_consumers.has_value()) {
+    if (*o.num_consumers <= 0 || *o.consumer_index < 0 || *o.consumer_index >= *o.num_consumers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Distribute: coordinated reads need num_consumers > 0 and consumer_index in [0, "
+          "num_consumers); got consumer_index ", *o.consumer_index, ", num_consumers ",
+          *o.num_consumers));
+    }
+    if (o.job_name.empty()) {
+      return absl::InvalidArgumentError(
+          "Distribute: coordinated reads (num_consumers) need a job_name shared by the consumers");
+    }
   }
   if (o.dispatcher_timeout_ms <= 0) {
     return absl::InvalidArgumentError("Distribute: dispatcher_timeout_ms must be > 0");
@@ -594,6 +752,7 @@ DataServiceStats GetDataServiceStats() {
   s.iterations_started = c.started.load();
   s.iterations_released = c.released.load();
   s.duplicates_dropped = c.duplicates.load();
+  s.rounds_skipped = c.rounds_skipped.load();
   return s;
 }
 

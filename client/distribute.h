@@ -71,7 +71,12 @@ struct DistributeOptions {
   std::string numa_node = "auto";
   std::string cpu_list;
   std::string gpu_pci_bus_id;
-  // Coordinated reads (not available yet; setting them is an error).
+  // Coordinated reads (tf.data's, for synchronous training): num_consumers
+  // consumers of one job_name, each with its own consumer_index in
+  // [0, num_consumers), read in rounds: in every round each consumer gets
+  // one element, all from the same worker. Needs job_name, an infinite
+  // dataset (Repeat()) and a mode other than distributed_epoch; set both or
+  // neither. See docs/service.md.
   std::optional<int64_t> consumer_index;
   std::optional<int64_t> num_consumers;
   // Creating an iterator fails with Unavailable when the dispatcher cannot
@@ -96,6 +101,8 @@ struct DataServiceStats {
   // distributed_epoch: elements of a reassigned split that this process
   // had already delivered, dropped.
   int64_t duplicates_dropped = 0;
+  // Coordinated reads: rounds skipped because their worker was lost.
+  int64_t rounds_skipped = 0;
 };
 DataServiceStats GetDataServiceStats();
 

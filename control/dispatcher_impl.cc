@@ -125,6 +125,18 @@ void DispatcherImpl::CreateTaskLocked(Iteration& it, Worker& w) {
     t.shard = w.index;
     def.set_num_shards(static_cast<int64_t>(config_.worker_addresses.size()));
   }
+  def.set_num_consumers(job.num_consumers);
+  if (job.num_consumers > 0 && it.started) {
+    // Joins at a round every consumer agrees to (CoordinateLocked).
+    t.pending = true;
+    if (it.pending_tasks.empty()) {
+      int64_t furthest = 0;
+      for (const auto& [consumer, round] : it.consumer_rounds) furthest = std::max(furthest, round);
+      it.target_round = furthest + kRoundLead;
+      it.ready_consumers.clear();
+    }
+    it.pending_tasks.push_back(t.id);
+  }
   w.pending_new.push_back(std::move(def));
   w.tasks.insert(t.id);
   it.tasks.insert(t.id);
@@ -358,8 +370,14 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
   if (req.num_consumers() < 0) {
     return absl::InvalidArgumentError("GetOrCreateJob: num_consumers must be >= 0");
   }
-  if (req.num_consumers() > 0) {
-    return absl::UnimplementedError("coordinated reads (num_consumers) are not available yet");
+  if (req.num_consumers() > 0 && req.job_name().empty()) {
+    return absl::InvalidArgumentError(
+        "coordinated reads (num_consumers) need a job_name shared by the consumers");
+  }
+  if (req.num_consumers() > 0 && req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+    return absl::InvalidArgumentError(
+        "coordinated reads (num_consumers) do not combine with distributed_epoch: use "
+        "parallel_epochs or a static sharding mode");
   }
   absl::MutexLock l(&mu_);
   if (!datasets_.count(req.dataset_id())) {
@@ -389,6 +407,17 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
     }
   }
   const proto::DatasetDef& def = datasets_.at(req.dataset_id()).def;
+  if (req.num_consumers() > 0) {
+    auto ds = Dataset::FromDef(def);
+    if (!ds.ok()) return ds.status();
+    if (ds->Cardinality() != kInfiniteCardinality) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "coordinated reads (num_consumers) need an infinite dataset (end the pipeline before "
+          "Distribute with Repeat()); this one has cardinality ",
+          ds->Cardinality() == kUnknownCardinality ? std::string("unknown")
+                                                   : std::to_string(ds->Cardinality())));
+    }
+  }
   if (sharding) {
     // Workers apply the same rewrite; checking it here turns a pipeline
     // that cannot be sharded into an error for the client at once.
@@ -455,13 +484,30 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
     auto& ref = iterations_.emplace(it.id, std::move(it)).first->second;
     job.iteration_by_repetition[req.repetition()] = iteration_id;
     for (auto& [addr, w] : workers_) CreateTaskLocked(ref, w);
+    ref.started = true;
     ++stats_.iterations;
   }
+  Iteration& it = iterations_.at(iteration_id);
   Client c;
+  if (job.num_consumers > 0) {
+    const int64_t ci = req.consumer_index();
+    if (ci < 0 || ci >= job.num_consumers) {
+      return absl::InvalidArgumentError(absl::StrCat("GetOrCreateIteration: consumer_index ", ci,
+                                                     " is not in [0, ", job.num_consumers,
+                                                     ") for job '", job.name, "'"));
+    }
+    if (it.consumer_clients.count(ci)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "consumer_index ", ci, " of job '", job.name, "' is already reading iteration ",
+          req.repetition(), "; every consumer needs its own index"));
+    }
+    c.consumer_index = ci;
+  }
   c.id = next_id_++;
+  if (c.consumer_index >= 0) it.consumer_clients[c.consumer_index] = c.id;
   c.iteration_id = iteration_id;
   c.last_heartbeat = clock_();
-  iterations_.at(iteration_id).clients.insert(c.id);
+  it.clients.insert(c.id);
   resp->set_iteration_id(iteration_id);
   resp->set_iteration_client_id(c.id);
   clients_.emplace(c.id, c);
@@ -482,6 +528,13 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
   }
   cit->second.last_heartbeat = clock_();
   int64_t iteration_id = cit->second.iteration_id;
+  if (cit->second.consumer_index >= 0) {
+    auto iit = iterations_.find(iteration_id);
+    if (iit != iterations_.end()) {
+      CoordinateLocked(iit->second, cit->second.consumer_index, req.current_round(),
+                       req.blocked_round());
+    }
+  }
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = iterations_.find(iteration_id);
     return shutdown_ || it == iterations_.end() || it->second.version != known_version;
@@ -498,8 +551,10 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
   const Iteration& it = iit->second;
   for (int64_t id : it.tasks) {
     const Task& t = tasks_.at(id);
+    if (t.pending) continue;
     proto::TaskInfo* info = resp->add_tasks();
     info->set_task_id(id);
+    info->set_starting_round(t.starting_round);
     info->set_worker_address(t.worker);
     auto w = workers_.find(t.worker);
     if (w != workers_.end()) {
@@ -513,9 +568,39 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
     resp->set_completed_split_watermark(it.splits->open.empty() ? next_id_
                                                                 : it.splits->open.begin()->first);
   }
+  resp->set_block_round(it.pending_tasks.empty() ? -1 : it.target_round);
   if (!it.error.ok()) *resp->mutable_error() = ToProto(it.error);
   resp->set_version(it.version);
   return absl::OkStatus();
+}
+
+void DispatcherImpl::CoordinateLocked(Iteration& it, int64_t consumer_index,
+                                      int64_t current_round, int64_t blocked_round) {
+  it.consumer_rounds[consumer_index] = std::max<int64_t>(0, current_round);
+  if (it.pending_tasks.empty()) return;
+  if (current_round > it.target_round) {
+    // This consumer already read past the target: pick a later one, which
+    // every consumer must agree to again.
+    it.target_round = current_round + kRoundLead;
+    it.ready_consumers.clear();
+    ++it.version;
+    return;
+  }
+  if (blocked_round != it.target_round) return;  // it learns the target in this reply
+  it.ready_consumers.insert(consumer_index);
+  const Job& job = jobs_.at(it.job_id);
+  if (static_cast<int64_t>(it.ready_consumers.size()) < job.num_consumers) return;
+  for (int64_t id : it.pending_tasks) {
+    auto t = tasks_.find(id);
+    if (t == tasks_.end()) continue;
+    t->second.pending = false;
+    t->second.starting_round = it.target_round;
+  }
+  spdlog::info("dispatcher: iteration {}: {} task(s) join the coordinated reads at round {}",
+               it.id, it.pending_tasks.size(), it.target_round);
+  it.pending_tasks.clear();
+  it.ready_consumers.clear();
+  ++it.version;
 }
 
 void DispatcherImpl::RemoveClientLocked(int64_t client_id) {
@@ -525,6 +610,13 @@ void DispatcherImpl::RemoveClientLocked(int64_t client_id) {
   clients_.erase(cit);
   if (iit == iterations_.end()) return;
   iit->second.clients.erase(client_id);
+  for (auto c = iit->second.consumer_clients.begin(); c != iit->second.consumer_clients.end(); ++c) {
+    if (c->second == client_id) {
+      iit->second.ready_consumers.erase(c->first);
+      iit->second.consumer_clients.erase(c);
+      break;
+    }
+  }
   if (iit->second.clients.empty()) iit->second.idle_since = clock_();
 }
 

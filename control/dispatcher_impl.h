@@ -10,6 +10,11 @@
 //              whole dataset on every worker; distributed_epoch: the splits
 //              it pulls).
 //   iteration client  one consumer's membership in an iteration.
+//   round      (coordinated reads, num_consumers > 0) every consumer's r-th
+//              element comes from one task: round r is read from the
+//              (r mod n)-th, by id, of the n tasks that started at or before
+//              r. A task joining mid-job starts at a future round all
+//              consumers agreed to (see ClientHeartbeat's block_round).
 //   split      (distributed_epoch) a part of the pipeline's only source: a
 //              sub-range of a Range (range_split_elements positions), one
 //              element of a FromTensors, one file of a ListFiles. Each
@@ -28,6 +33,13 @@
 //   ClientHeartbeat (long poll on the iteration's version) to learn tasks,
 //   lost tasks, failure and the end of the iteration; ReleaseIterationClient
 //   when done. Tick() expires workers and clients and collects iterations.
+//   Coordinated reads: clients report their next round and the block_round
+//   they honour in ClientHeartbeat. A task created after its iteration
+//   started is pending: every reply carries block_round = the iteration's
+//   target round; a consumer reporting a round past it moves the target
+//   (and every consumer must confirm again); once all num_consumers
+//   consumers report honouring it, the pending tasks start at that round
+//   and appear in the task list with starting_round set.
 //   distributed_epoch: a task's source calls GetSplit(task, epoch) for its
 //   next split, reporting the splits it completed. A split's holder is
 //   recorded; when a task is lost (its worker timed out or no longer holds
@@ -161,6 +173,16 @@ class DispatcherImpl {
     int64_t version = 0;    // bumped on every change clients can see
     std::unique_ptr<SplitProvider> splits;  // distributed_epoch only
     int64_t split_version = 0;              // bumped when splits change (wakes GetSplit)
+    // Coordinated reads. Tasks created after the iteration started join at
+    // target_round: they stay pending (hidden from clients) until every
+    // consumer honours block_round = target_round from a round at or below
+    // it (ready_consumers); then they start at target_round.
+    bool started = false;                          // its first tasks exist
+    std::map<int64_t, int64_t> consumer_rounds;    // consumer_index -> current_round
+    std::map<int64_t, int64_t> consumer_clients;   // consumer_index -> live client id
+    std::vector<int64_t> pending_tasks;
+    int64_t target_round = -1;
+    std::set<int64_t> ready_consumers;
   };
   struct Task {
     int64_t id = 0;
@@ -171,6 +193,8 @@ class DispatcherImpl {
     bool delivered = false;  // the worker received it in a heartbeat reply
     std::set<int64_t> held_splits;  // distributed_epoch: open splits it holds
     int64_t shard = -1;             // static sharding: the shard it reads
+    int64_t starting_round = 0;     // coordinated reads
+    bool pending = false;           // coordinated reads: not yet joined
   };
   struct Worker {
     std::string address, transfer_address, protocol;
@@ -184,8 +208,17 @@ class DispatcherImpl {
   struct Client {
     int64_t id = 0;
     int64_t iteration_id = 0;
+    int64_t consumer_index = -1;  // coordinated reads
     absl::Time last_heartbeat;
   };
+
+  // Coordinated reads: joining tasks start this many rounds after the
+  // furthest consumer, so consumers rarely reach the block.
+  static constexpr int64_t kRoundLead = 16;
+  // Coordinated reads: records a consumer's round and moves the joining
+  // tasks of `it` towards their start.
+  void CoordinateLocked(Iteration& it, int64_t consumer_index, int64_t current_round,
+                        int64_t blocked_round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void CreateTaskLocked(Iteration& it, Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `w` should get a task of `it`: always, except under static

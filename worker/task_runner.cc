@@ -12,7 +12,9 @@ namespace sluice::internal {
 TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocator allocator,
                        std::function<void()> bind_thread, std::unique_ptr<SplitClient> splits)
     : def_(std::move(def)),
-      capacity_(static_cast<size_t>(std::max<int64_t>(1, buffer_elements))),
+      // A coordinated round takes num_consumers elements at once.
+      capacity_(static_cast<size_t>(
+          std::max<int64_t>({1, buffer_elements, def_.num_consumers()}))),
       allocator_(std::move(allocator)),
       splits_(std::move(splits)) {
   producer_ = std::thread([this, bind_thread = std::move(bind_thread)] {
@@ -130,9 +132,79 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t ma
   return out;
 }
 
+absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t consumer_index,
+                                                 int64_t round) {
+  const int64_t consumers = def_.num_consumers();
+  if (consumer_index < 0 || consumer_index >= consumers || round < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task ", def_.task_id(), ": coordinated read of consumer ", consumer_index, " round ",
+        round, "; expected consumer_index in [0, ", consumers, ") and round >= 0"));
+  }
+  absl::MutexLock l(&mu_);
+  ServedBatch out;
+  auto take = [&](std::vector<std::optional<FrameBuffer>>& slots)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<ServedBatch> {
+    std::optional<FrameBuffer>& slot = slots[consumer_index];
+    if (!slot) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "task ", def_.task_id(), ": consumer ", consumer_index, " asked for round ", round,
+          " twice"));
+    }
+    out.frames.push_back(*std::move(slot));
+    slot.reset();
+    bool all_taken = std::none_of(slots.begin(), slots.end(),
+                                  [](const auto& s) { return s.has_value(); });
+    if (all_taken) {
+      rounds_.erase(round);
+      closed_rounds_.insert(round);
+      if (closed_rounds_.size() > kClosedRoundsKept) closed_rounds_.erase(closed_rounds_.begin());
+    }
+    return std::move(out);
+  };
+  auto already_closed = [&] {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "task ", def_.task_id(), ": round ", round, " was already served to every consumer"));
+  };
+  auto open = rounds_.find(round);
+  if (open != rounds_.end()) return take(open->second);
+  if (closed_rounds_.count(round)) return already_closed();
+  // Open the round once num_consumers elements are ready and a round slot
+  // is free. Requests may arrive out of round order (a consumer has several
+  // rounds in flight): a round below an open one always opens, or the
+  // consumers holding the open ones could wait for each other.
+  auto has_slot = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return rounds_.size() < kMaxOpenRounds || round < rounds_.rbegin()->first;
+  };
+  auto can_open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !error_.ok() || rounds_.count(round) ||
+           (has_slot() && (buffer_.size() >= static_cast<size_t>(consumers) || produced_all_));
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&can_open), wait);
+  open = rounds_.find(round);  // another consumer's request opened it meanwhile
+  if (open != rounds_.end()) return take(open->second);
+  if (!error_.ok()) return error_;
+  if (stop_) return absl::CancelledError(absl::StrCat("task ", def_.task_id(), " was stopped"));
+  if (closed_rounds_.count(round)) return already_closed();
+  if (!has_slot() || buffer_.size() < static_cast<size_t>(consumers)) {
+    if (produced_all_ && has_slot()) {
+      out.end_of_sequence = true;
+    } else {
+      out.not_ready = true;
+    }
+    return out;
+  }
+  std::vector<std::optional<FrameBuffer>> slots(consumers);
+  for (auto& slot : slots) {
+    buffered_bytes_ -= buffer_.front().frame_size();
+    slot = std::move(buffer_.front());
+    buffer_.pop_front();
+  }
+  return take(rounds_.emplace(round, std::move(slots)).first->second);
+}
+
 bool TaskRunner::finished() const {
   absl::MutexLock l(&mu_);
-  return !error_.ok() || (produced_all_ && buffer_.empty());
+  return !error_.ok() || (produced_all_ && buffer_.empty() && rounds_.empty());
 }
 
 absl::Status TaskRunner::error() const {

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <deque>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -43,6 +46,20 @@ class TaskRunner {
   absl::StatusOr<ServedBatch> GetBatch(absl::Duration wait, int64_t max_elements = 1,
                                        int64_t max_bytes = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Coordinated reads (TaskDef.num_consumers > 0): the element of
+  // `consumer_index` in `round`. The first request for a round takes the
+  // next num_consumers elements (waiting up to `wait` for them; not_ready
+  // if they are not there yet), one per consumer; later requests for the
+  // round get their consumer's. Rounds may open in any order. At most
+  // kMaxOpenRounds rounds are open (some consumer has not taken its
+  // element) unless the round is below an open one: a consumer ahead waits
+  // for the slowest. A round asked for twice by one consumer, or one of the
+  // last kClosedRoundsKept closed, is FailedPrecondition; end_of_sequence
+  // once the dataset cannot fill a round.
+  static constexpr size_t kMaxOpenRounds = 16;
+  absl::StatusOr<ServedBatch> GetRound(absl::Duration wait, int64_t consumer_index,
+                                       int64_t round) ABSL_LOCKS_EXCLUDED(mu_);
+
   // True once the producer ended and every element was handed out, or the
   // task failed. Reported to the dispatcher as completed.
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -63,6 +80,11 @@ class TaskRunner {
   bool produced_all_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Coordinated reads: open rounds, each slot a consumer's element until it
+  // takes it, and the latest closed ones (to refuse a round asked again).
+  static constexpr size_t kClosedRoundsKept = 4096;
+  std::map<int64_t, std::vector<std::optional<FrameBuffer>>> rounds_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> closed_rounds_ ABSL_GUARDED_BY(mu_);
   std::thread producer_;
 };
 

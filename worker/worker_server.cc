@@ -87,7 +87,9 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       out.not_ready = true;
       return out;
     }
-    auto batch = task->GetBatch(wait, req.max_elements, req.max_bytes);
+    auto batch = task->def().num_consumers() > 0
+                     ? task->GetRound(wait, req.consumer_index, req.round)
+                     : task->GetBatch(wait, req.max_elements, req.max_bytes);
     if (!batch.ok()) {
       if (!absl::IsCancelled(batch.status())) ReportFinished(*task);
       return batch.status();

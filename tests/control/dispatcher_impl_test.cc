@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "control/service.pb.h"
 #include "dataset/dataset.pb.h"
+#include "sluice/core/status.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
 #include "tests/test_util.h"
@@ -1436,6 +1437,112 @@ TEST_F(StaticShardingDispatcherTest, JobsCheckThePipelineAndTheWorkerList) {
   ASSERT_OK_AND_ASSIGN(range, RegisterRange(30));
   EXPECT_STATUS(Job(range, "", proto::DATA_SHARDING), absl::StatusCode::kFailedPrecondition,
                 "needs the dispatcher's worker_addresses");
+}
+
+// ---- coordinated reads ----------------------------------------------------------
+
+class CoordinatedReadsTest : public DispatcherImplTest {
+ protected:
+  absl::StatusOr<int64_t> CoordinatedJob(const proto::DatasetDef& def, int64_t consumers,
+                                         const std::string& name = "sync",
+                                         proto::ProcessingMode mode = proto::PARALLEL_EPOCHS) {
+    SLUICE_ASSIGN_OR_RETURN(std::string ds, Register(def));
+    proto::GetOrCreateJobRequest req;
+    req.set_dataset_id(ds);
+    req.set_processing_mode(mode);
+    req.set_job_name(name);
+    req.set_num_consumers(consumers);
+    proto::GetOrCreateJobResponse resp;
+    SLUICE_RETURN_IF_ERROR(d_->GetOrCreateJob(req, &resp));
+    return resp.job_id();
+  }
+  absl::StatusOr<int64_t> Consumer(int64_t job, int64_t index) {
+    proto::GetOrCreateIterationRequest req;
+    req.set_job_id(job);
+    req.set_consumer_index(index);
+    proto::GetOrCreateIterationResponse resp;
+    SLUICE_RETURN_IF_ERROR(d_->GetOrCreateIteration(req, &resp));
+    return resp.iteration_client_id();
+  }
+  absl::StatusOr<proto::ClientHeartbeatResponse> RoundHb(int64_t client, int64_t current_round,
+                                                         int64_t blocked_round) {
+    proto::ClientHeartbeatRequest req;
+    req.set_iteration_client_id(client);
+    req.set_known_version(-1);
+    req.set_current_round(current_round);
+    req.set_blocked_round(blocked_round);
+    proto::ClientHeartbeatResponse resp;
+    SLUICE_RETURN_IF_ERROR(d_->ClientHeartbeat(req, &resp));
+    return resp;
+  }
+  Dataset Infinite() const { return Dataset::Range(10).Repeat(); }
+};
+
+TEST_F(CoordinatedReadsTest, JobsNeedANameAnInfiniteDatasetAndAnEpochMode) {
+  EXPECT_STATUS(CoordinatedJob(Infinite().def(), 2, ""), absl::StatusCode::kInvalidArgument,
+                "need a job_name");
+  EXPECT_STATUS(CoordinatedJob(Dataset::Range(10).def(), 2), absl::StatusCode::kInvalidArgument,
+                "need an infinite dataset");
+  EXPECT_STATUS(CoordinatedJob(Dataset::Range(10).Filter(x > 2).def(), 2),
+                absl::StatusCode::kInvalidArgument, "cardinality unknown");
+  EXPECT_STATUS(CoordinatedJob(Infinite().def(), 2, "sync", proto::DISTRIBUTED_EPOCH),
+                absl::StatusCode::kInvalidArgument, "do not combine with distributed_epoch");
+  ASSERT_OK_AND_ASSIGN(int64_t job, CoordinatedJob(Infinite().def(), 2));
+  EXPECT_STATUS(Consumer(job, 2), absl::StatusCode::kInvalidArgument,
+                "consumer_index 2 is not in [0, 2)");
+  EXPECT_STATUS(Consumer(job, -1), absl::StatusCode::kInvalidArgument, "consumer_index -1");
+  ASSERT_OK(Consumer(job, 0).status());
+  EXPECT_STATUS(Consumer(job, 0), absl::StatusCode::kFailedPrecondition,
+                "consumer_index 0 of job 'sync' is already reading");
+  ASSERT_OK(Consumer(job, 1).status());
+  // Another job_name's num_consumers must match.
+  EXPECT_STATUS(CoordinatedJob(Infinite().def(), 3), absl::StatusCode::kInvalidArgument,
+                "num_consumers=2; requested 3");
+}
+
+TEST_F(CoordinatedReadsTest, AWorkerJoiningMidJobStartsAtARoundEveryConsumerHonours) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(int64_t job, CoordinatedJob(Infinite().def(), 2));
+  ASSERT_OK_AND_ASSIGN(int64_t c0, Consumer(job, 0));
+  ASSERT_OK_AND_ASSIGN(int64_t c1, Consumer(job, 1));
+  ASSERT_OK_AND_ASSIGN(auto hb, RoundHb(c0, 3, -1));
+  ASSERT_EQ(hb.tasks_size(), 1);
+  EXPECT_EQ(hb.tasks(0).starting_round(), 0);
+  EXPECT_EQ(hb.block_round(), -1);
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c1, 5, -1));
+  ASSERT_OK_AND_ASSIGN(auto first, WorkerHb(kW1));
+  ASSERT_EQ(first.new_tasks_size(), 1);
+  EXPECT_EQ(first.new_tasks(0).num_consumers(), 2);
+
+  // kW2 joins: its task stays hidden; consumers are told to block at the
+  // furthest round (5) + the lead.
+  ASSERT_OK(WorkerHb(kW2).status());
+  const int64_t target = 5 + 16;
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c0, 4, -1));
+  EXPECT_EQ(hb.tasks_size(), 1);
+  EXPECT_EQ(hb.block_round(), target);
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c0, 6, target));  // c0 honours it
+  EXPECT_EQ(hb.tasks_size(), 1);
+  // c1 already requested past the target: a later one is chosen and c0's
+  // consent no longer counts.
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c1, target + 3, -1));
+  const int64_t later = target + 3 + 16;
+  EXPECT_EQ(hb.block_round(), later);
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c1, target + 4, later));
+  EXPECT_EQ(hb.tasks_size(), 1) << "c0 has not honoured the later round yet";
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c0, 8, target));
+  EXPECT_EQ(hb.block_round(), later);
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c0, 9, later));
+  // Both honour `later`: the task joins there.
+  ASSERT_EQ(hb.tasks_size(), 2);
+  EXPECT_EQ(hb.block_round(), -1);
+  std::map<int64_t, int64_t> start;
+  for (const auto& t : hb.tasks()) start[t.task_id()] = t.starting_round();
+  EXPECT_EQ(start.begin()->second, 0);
+  EXPECT_EQ(start.rbegin()->second, later);
+  ASSERT_OK_AND_ASSIGN(hb, RoundHb(c1, target + 5, -1));
+  ASSERT_EQ(hb.tasks_size(), 2);
+  EXPECT_EQ(hb.block_round(), -1);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <functional>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "sluice/client/distribute.h"
@@ -91,6 +93,18 @@ absl::StatusOr<Element> ThreadCpuCount(const Element&) {
                  Tensor::Scalar<int64_t>(CPU_ISSET(0, &set) ? 1 : 0)};
 }
 SLUICE_REGISTER_UDF(test_thread_cpus, ThreadCpuCount, {.num_inputs = 1});
+
+// (x, the cpu its thread is pinned to): slow (5 ms) on cpu 1, so a worker
+// pinned there is slower than one pinned to cpu 0.
+absl::StatusOr<Element> SlowOnCpuOne(const Element& in) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return absl::InternalError("sched_getaffinity");
+  int64_t cpu = CPU_COUNT(&set) == 1 && CPU_ISSET(1, &set) ? 1 : 0;
+  if (cpu == 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return Element{in[0], Tensor::Scalar<int64_t>(cpu)};
+}
+SLUICE_REGISTER_UDF(test_slow_on_cpu1, SlowOnCpuOne, {.num_inputs = 1});
 
 class ServiceTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -597,6 +611,32 @@ TEST_P(ServiceTest, DistributedEpochRepeatForeverKeepsArrivingWhenFourOfFiveWork
   ASSERT_TRUE(take(30)) << "elements stopped arriving after 4 of 5 workers stopped";
 }
 
+TEST_P(ServiceTest, DistributedEpochImbalancedWorkersShareByTheirSpeed) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two cpus to pin to";
+  StartDispatcher(SmallSplits(4));
+  worker_cpu_list_ = "0";
+  StartWorkers(1);  // fast
+  worker_cpu_list_ = "1";
+  StartWorkers(1);  // slow: 5 ms per element
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
+                         return Collect(
+                             Dataset::Range(400).Map(Udf("test_slow_on_cpu1")).Distribute(o));
+                       }));
+  std::vector<int64_t> values;
+  int64_t by_fast = 0, by_slow = 0;
+  for (const Element& e : out) {
+    values.push_back(e[0].at<int64_t>(0));
+    (e[1].at<int64_t>(0) == 1 ? by_slow : by_fast)++;
+  }
+  EXPECT_THAT(values, UnorderedElementsAreArray(Iota(400)));
+  // Splits go to whoever asks: the fast worker does most of the epoch and
+  // the slow one does not hold it back.
+  EXPECT_GT(by_slow, 0);
+  EXPECT_GT(by_fast, 3 * by_slow) << "fast " << by_fast << ", slow " << by_slow;
+}
+
 TEST_P(ServiceTest, DistributedEpochLostWorkersSplitsAreReassignedAndDeduplicated) {
   DispatcherConfig dc = SmallSplits(10);
   dc.worker_timeout_ms = 500;
@@ -740,6 +780,133 @@ TEST_P(ServiceTest, StaticShardOfALostWorkerIsReadAgainByTheWorkerTakingItsPlace
       ASSERT_EQ(n, 1) << "shard 0 value " << value;
     }
   }
+}
+
+// ---- coordinated reads ------------------------------------------------------------
+
+// With data sharding over `workers` entries, worker i produces the values
+// v of Range(workers * 1000).Repeat() with v % workers == i: a value names
+// its worker.
+DispatcherConfig ShardPerWorker(int workers) {
+  DispatcherConfig dc;
+  dc.worker_addresses.assign(workers, "127.0.0.1:%port%");
+  return dc;
+}
+
+// Each of `consumers` threads reads `rounds` elements as consumer i of job
+// "sync<consumers>"; returns what each read, in order.
+std::vector<std::vector<int64_t>> ReadCoordinated(const DistributeOptions& base, int consumers,
+                                                  int rounds, int64_t values,
+                                                  const std::function<void(int)>& after_round = {}) {
+  std::vector<std::vector<int64_t>> got(consumers);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < consumers; ++c) {
+    threads.emplace_back([&, c] {
+      DistributeOptions o = base;
+      o.job_name = "sync" + std::to_string(consumers);
+      o.num_consumers = consumers;
+      o.consumer_index = c;
+      auto it = Dataset::Range(values).Repeat().Distribute(o).MakeIterator();
+      ASSERT_OK(it);
+      for (int r = 0; r < rounds; ++r) {
+        auto e = (*it)->Next();
+        ASSERT_OK(e);
+        ASSERT_TRUE(e->has_value());
+        got[c].push_back((**e)[0].at<int64_t>(0));
+        if (c == 0 && after_round) after_round(r);
+      }
+    });
+  }
+  WithHangGuard([&] {
+    for (auto& t : threads) t.join();
+    return 0;
+  });
+  return got;
+}
+
+// Every round's elements come from one worker (the same value mod
+// `workers`) and are distinct; returns the worker of each round.
+std::vector<int64_t> CheckRounds(const std::vector<std::vector<int64_t>>& got, int workers) {
+  std::vector<int64_t> worker_of_round;
+  for (size_t r = 0; r < got[0].size(); ++r) {
+    std::set<int64_t> values;
+    for (const auto& consumer : got) {
+      EXPECT_EQ(consumer[r] % workers, got[0][r] % workers) << "round " << r;
+      values.insert(consumer[r]);
+    }
+    EXPECT_EQ(values.size(), got.size()) << "round " << r << " repeats an element";
+    worker_of_round.push_back(got[0][r] % workers);
+  }
+  return worker_of_round;
+}
+
+TEST_P(ServiceTest, CoordinatedReadsServeEachRoundFromOneWorker) {
+  StartService(3, ShardPerWorker(3));
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  for (int consumers : {2, 5}) {
+    SCOPED_TRACE(consumers);
+    auto got = ReadCoordinated(o, consumers, 30, 3000);
+    ASSERT_FALSE(HasFatalFailure());
+    std::vector<int64_t> workers = CheckRounds(got, 3);
+    // Round robin: consecutive rounds come from the three workers in turn.
+    for (size_t r = 3; r < workers.size(); ++r) EXPECT_EQ(workers[r], workers[r - 3]);
+    EXPECT_EQ(std::set<int64_t>(workers.begin(), workers.end()).size(), 3u);
+  }
+}
+
+TEST_P(ServiceTest, CoordinatedReadsWorkerJoiningMidJobJoinsAtAnAgreedRound) {
+  StartService(2, ShardPerWorker(3));
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  auto got = ReadCoordinated(o, 2, 120, 3000, [&](int r) {
+    if (r == 10) StartWorkers(1);  // takes the third entry
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<int64_t> workers = CheckRounds(got, 3);
+  auto first_from_new = std::find(workers.begin(), workers.end(), 2);
+  ASSERT_NE(first_from_new, workers.end()) << "the new worker never served a round";
+  // From its first round on, the three workers take turns.
+  for (auto r = first_from_new + 3; r < workers.end(); ++r) EXPECT_EQ(*r, *(r - 3));
+}
+
+TEST_P(ServiceTest, CoordinatedReadsGoOnWhenAWorkerIsLost) {
+  DispatcherConfig dc = ShardPerWorker(3);
+  dc.worker_timeout_ms = 500;
+  dc.job_gc_check_interval_ms = 100;
+  StartService(3, dc);
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  const int64_t skipped_before = GetDataServiceStats().rounds_skipped;
+  auto got = ReadCoordinated(o, 2, 150, 3000, [&](int r) {
+    if (r == 20) workers_[2]->Stop();
+  });
+  ASSERT_FALSE(HasFatalFailure()) << "reading stalled after a worker was lost";
+  // Its rounds are skipped by both consumers; the other two go on in turn.
+  EXPECT_GT(GetDataServiceStats().rounds_skipped, skipped_before);
+  for (const auto& consumer : got) {
+    EXPECT_NE(consumer.back() % 3, 2);
+    EXPECT_NE(consumer[consumer.size() - 2] % 3, 2);
+  }
+}
+
+TEST_P(ServiceTest, CoordinatedReadsNeedAJobNameAndAnInfiniteDataset) {
+  StartService(1);
+  DistributeOptions o = Options("sync");
+  o.num_consumers = 2;
+  o.consumer_index = 0;
+  EXPECT_STATUS(WithHangGuard([&] { return Collect(Dataset::Range(10).Distribute(o)); }),
+                absl::StatusCode::kInvalidArgument, "need an infinite dataset");
+  o.job_name = "";
+  EXPECT_STATUS(Dataset::Range(10).Repeat().Distribute(o).status(),
+                absl::StatusCode::kInvalidArgument, "need a job_name");
+  o.job_name = "sync";
+  o.consumer_index = 2;
+  EXPECT_STATUS(Dataset::Range(10).Repeat().Distribute(o).status(),
+                absl::StatusCode::kInvalidArgument, "consumer_index in [0, num_consumers)");
+  o.consumer_index.reset();
+  EXPECT_STATUS(Dataset::Range(10).Repeat().Distribute(o).status(),
+                absl::StatusCode::kInvalidArgument, "both consumer_index and num_consumers");
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServiceTest, ::testing::Values("grpc", "ucx"),
