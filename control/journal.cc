@@ -110,7 +110,9 @@ absl::StatusOr<RecoveredFile> Recover(int fd, const std::string& path) {
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return fail(absl::FailedPreconditionError(absl::StrCat(
-          "journal '", path, "' is locked by a writer (is another dispatcher using this directory?)")));
+          "journal '", path,
+          "' is in use: locked by a journal writer or reader (is another dispatcher using this "
+          "directory?)")));
     }
     return fail(ErrnoError(path, "flock failed"));
   }

@@ -35,7 +35,8 @@
 //
 // Concurrency: one JournalWriter per journal at a time; Open takes an
 // exclusive advisory lock (flock) on the file, held until the writer is
-// destroyed, and ReadJournal fails while a writer holds it. A JournalWriter
+// destroyed; ReadJournal holds it while it recovers, and fails while a
+// writer (or another ReadJournal) holds it. A JournalWriter
 // is not thread-safe: callers serialize Append (the dispatcher appends
 // under its state mutex).
 #pragma once
@@ -83,9 +84,8 @@ absl::StatusOr<ParsedJournal> ParseJournal(std::string_view bytes);
 // Reads the records of `dir`/journal, in order, recovering it first: a bad
 // tail is truncated away and logged (see Recovery). A missing directory or
 // file is an empty journal (nothing is created). Errors name the path:
-// FailedPrecondition for a file that is not a journal or is locked by a
-// writer, the errno's code for I/O failures. The whole file is read into
-// memory.
+// FailedPrecondition for a file that is not a journal or is locked, the
+// errno's code for I/O failures. The whole file is read into memory.
 absl::StatusOr<std::vector<std::string>> ReadJournal(const std::string& dir);
 
 // Appends records to `dir`/journal.

@@ -280,8 +280,8 @@ TEST_F(JournalTest, OneWriterAtATime) {
   ASSERT_OK_AND_ASSIGN(auto writer, JournalWriter::Open(Dir(), FsyncPolicy::kNone));
   ASSERT_OK(writer->Append("held"));
   EXPECT_STATUS(JournalWriter::Open(Dir(), FsyncPolicy::kNone),
-                absl::StatusCode::kFailedPrecondition, "locked by a writer");
-  EXPECT_STATUS(ReadJournal(Dir()), absl::StatusCode::kFailedPrecondition, "locked by a writer");
+                absl::StatusCode::kFailedPrecondition, "locked by a journal writer or reader");
+  EXPECT_STATUS(ReadJournal(Dir()), absl::StatusCode::kFailedPrecondition, "locked by a journal writer or reader");
   writer.reset();
   EXPECT_THAT(Read(), ElementsAre("held"));
 }
