@@ -2,6 +2,9 @@
 # Installs sluice's build and test dependencies from Debian's archive.
 # Idempotent: packages already installed are skipped; nothing is downloaded
 # from anywhere but the configured apt sources.
+#
+#   scripts/install-deps.sh          what the build and tests need
+#   scripts/install-deps.sh --fuzz   also clang and its libFuzzer/ASan runtime (scripts/fuzz.sh)
 set -euo pipefail
 
 PACKAGES=(
@@ -18,6 +21,9 @@ PACKAGES=(
   zlib1g-dev
   gnuplot-nox
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  PACKAGES+=(clang libclang-rt-14-dev)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
