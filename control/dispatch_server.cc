@@ -64,9 +64,9 @@ DispatchServer::~DispatchServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
     const DispatcherConfig& config) {
-  if (config.fault_tolerant_mode) {
-    return absl::UnimplementedError(
-        "fault_tolerant_mode needs the dispatcher journal, which this version does not have yet");
+  if (config.fault_tolerant_mode && config.work_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "fault_tolerant_mode needs a work_dir: the directory of the dispatcher's journal");
   }
   if (config.port < 0 || config.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is not in 0..65535"));
@@ -84,6 +84,12 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->dispatcher = std::make_unique<internal::DispatcherImpl>(config);
+  if (config.fault_tolerant_mode) {
+    SLUICE_RETURN_IF_ERROR(impl->dispatcher->OpenJournal());
+  } else if (!config.work_dir.empty()) {
+    spdlog::warn("dispatcher: work_dir {} is not used without fault_tolerant_mode",
+                 config.work_dir);
+  }
   impl->service = std::make_unique<DispatcherService>(impl->dispatcher.get());
   grpc::ServerBuilder builder;
   internal::ConfigureServerBuilder(&builder);

@@ -21,8 +21,11 @@ struct DispatcherConfig {
   // Address the server binds; 127.0.0.1 keeps it on loopback, "0.0.0.0"
   // serves every interface.
   std::string bind_address = "127.0.0.1";
-  // Journal directory and fault-tolerant mode (restart from the journal).
-  // Not available in this version: Start() fails if fault_tolerant_mode is set.
+  // Fault-tolerant mode: the dispatcher journals every state change to
+  // `<work_dir>/journal` (fsync'd before the RPC that made it replies) and a
+  // restarted dispatcher replays it; workers and clients reconnect on their
+  // own and running jobs continue. Needs work_dir; one dispatcher per
+  // work_dir at a time (the journal is locked).
   std::string work_dir;
   bool fault_tolerant_mode = false;
   // Static sharding (processing_mode file, data, file_or_data, hint): the

@@ -105,12 +105,346 @@ void DispatcherImpl::Shutdown() {
   shutdown_ = true;
 }
 
+// ---- journal ------------------------------------------------------------------
+
+absl::Status DispatcherImpl::RecordLocked(const proto::JournalRecord& rec) {
+  if (rec.updates_size() == 0) return absl::OkStatus();
+  if (journal_ != nullptr) {
+    std::string bytes;
+    if (!rec.SerializeToString(&bytes)) {
+      return absl::InternalError("dispatcher journal: cannot serialize a state change");
+    }
+    absl::Status s = journal_->Append(bytes);
+    if (!s.ok()) {
+      spdlog::error("dispatcher: journal append failed, the change is not made: {}",
+                    std::string(s.message()));
+      return absl::UnavailableError(absl::StrCat(
+          "the dispatcher cannot journal this change (", s.message(), "); retry later"));
+    }
+    ++stats_.journal_records;
+  }
+  for (const proto::JournalUpdate& u : rec.updates()) {
+    absl::Status s = ApplyLocked(u);
+    if (!s.ok()) {
+      // Journaled but inconsistent with the state: a bug, and a replay
+      // would stop at this record.
+      spdlog::error("dispatcher: cannot apply a state change: {}", std::string(s.message()));
+      return absl::InternalError(absl::StrCat("dispatcher state change failed: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+template <typename Map, typename Key>
+absl::Status MustExist(const Map& m, const Key& key, absl::string_view what) {
+  if (m.count(key)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(what, " ", key, " does not exist"));
+}
+
+}  // namespace
+
+absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
+  switch (u.kind_case()) {
+    case proto::JournalUpdate::kRegisterDataset: {
+      const auto& r = u.register_dataset();
+      datasets_.try_emplace(r.dataset_id(), DatasetEntry{r.dataset_id(), r.dataset(), r.fingerprint()});
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kCreateJob: {
+      const auto& r = u.create_job();
+      SLUICE_RETURN_IF_ERROR(MustExist(datasets_, r.dataset_id(), "dataset"));
+      Job job;
+      job.id = r.job_id();
+      job.dataset_id = r.dataset_id();
+      job.mode = r.processing_mode();
+      job.name = r.job_name();
+      job.num_consumers = r.num_consumers();
+      job.split_source = r.split_source();
+      job.split_tracked = r.split_tracked();
+      if (!jobs_.emplace(job.id, job).second) {
+        return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " exists"));
+      }
+      if (!job.name.empty()) job_by_name_[job.name] = job.id;
+      next_id_ = std::max(next_id_, job.id + 1);
+      ++stats_.jobs;
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kCreateIteration: {
+      const auto& r = u.create_iteration();
+      SLUICE_RETURN_IF_ERROR(MustExist(jobs_, r.job_id(), "job"));
+      Iteration it;
+      it.id = r.iteration_id();
+      it.job_id = r.job_id();
+      it.repetition = r.repetition();
+      if (r.has_splits()) {
+        it.splits = std::make_unique<SplitProvider>();
+        it.splits->positions = r.positions();
+        it.splits->split_elements = std::max<int64_t>(1, r.split_elements());
+        it.splits->files.assign(r.files().begin(), r.files().end());
+      }
+      if (!iterations_.emplace(it.id, std::move(it)).second) {
+        return absl::AlreadyExistsError(absl::StrCat("iteration ", r.iteration_id(), " exists"));
+      }
+      jobs_.at(r.job_id()).iteration_by_repetition[r.repetition()] = r.iteration_id();
+      next_id_ = std::max(next_id_, r.iteration_id() + 1);
+      ++stats_.iterations;
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kRegisterWorker: {
+      const auto& r = u.register_worker();
+      Worker w;
+      w.address = r.address();
+      w.transfer_address = r.transfer_address();
+      w.protocol = r.transfer_protocol();
+      w.index = r.index();
+      w.last_heartbeat = clock_();
+      if (!workers_.emplace(w.address, std::move(w)).second) {
+        return absl::AlreadyExistsError(absl::StrCat("worker ", r.address(), " is registered"));
+      }
+      if (config_.worker_addresses.empty()) {
+        next_worker_index_ = std::max(next_worker_index_, r.index() + 1);
+      } else if (r.index() >= 0 && r.index() < static_cast<int64_t>(shard_claims_.size())) {
+        shard_claims_[r.index()] = r.address();
+      }
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kCreateTask:
+      return CreateTaskLocked(u.create_task());
+    case proto::JournalUpdate::kTasksDelivered: {
+      const auto& r = u.tasks_delivered();
+      SLUICE_RETURN_IF_ERROR(MustExist(workers_, r.worker_address(), "worker"));
+      std::set<int64_t> ids(r.task_ids().begin(), r.task_ids().end());
+      for (int64_t id : ids) {
+        auto t = tasks_.find(id);
+        if (t != tasks_.end()) t->second.delivered = true;
+      }
+      auto& pending = workers_.at(r.worker_address()).pending_new;
+      pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                   [&ids](const proto::TaskDef& d) { return ids.count(d.task_id()); }),
+                    pending.end());
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kFinishTask: {
+      SLUICE_RETURN_IF_ERROR(MustExist(tasks_, u.finish_task().task_id(), "task"));
+      FinishTaskLocked(tasks_.at(u.finish_task().task_id()), u.finish_task().lost());
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kIterationError: {
+      const auto& r = u.iteration_error();
+      SLUICE_RETURN_IF_ERROR(MustExist(iterations_, r.iteration_id(), "iteration"));
+      Iteration& it = iterations_.at(r.iteration_id());
+      if (it.error.ok()) {
+        it.error = FromProto(r.error());
+        ++it.version;
+      }
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kCreateClient: {
+      const auto& r = u.create_client();
+      SLUICE_RETURN_IF_ERROR(MustExist(iterations_, r.iteration_id(), "iteration"));
+      Client c;
+      c.id = r.client_id();
+      c.iteration_id = r.iteration_id();
+      c.consumer_index = r.consumer_index();
+      c.last_heartbeat = clock_();
+      if (!clients_.emplace(c.id, c).second) {
+        return absl::AlreadyExistsError(absl::StrCat("iteration client ", c.id, " exists"));
+      }
+      Iteration& it = iterations_.at(c.iteration_id);
+      if (c.consumer_index >= 0) it.consumer_clients[c.consumer_index] = c.id;
+      it.clients.insert(c.id);
+      next_id_ = std::max(next_id_, c.id + 1);
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kRemoveClient:
+      RemoveClientLocked(u.remove_client().client_id());
+      return absl::OkStatus();
+    case proto::JournalUpdate::kCollectIteration: {
+      const int64_t id = u.collect_iteration().iteration_id();
+      SLUICE_RETURN_IF_ERROR(MustExist(iterations_, id, "iteration"));
+      CollectLocked(iterations_.at(id));
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kDropJob: {
+      const int64_t id = u.drop_job().job_id();
+      SLUICE_RETURN_IF_ERROR(MustExist(jobs_, id, "job"));
+      const Job& job = jobs_.at(id);
+      for (const auto& [rep, iteration_id] : job.iteration_by_repetition) {
+        iterations_.erase(iteration_id);
+      }
+      if (!job.name.empty()) job_by_name_.erase(job.name);
+      jobs_.erase(id);
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kRemoveWorker:
+      RemoveWorkerLocked(u.remove_worker().address());
+      return absl::OkStatus();
+    case proto::JournalUpdate::kAssignSplit:
+      return AssignSplitLocked(u.assign_split());
+    case proto::JournalUpdate::kCompleteSplits: {
+      const auto& r = u.complete_splits();
+      SLUICE_RETURN_IF_ERROR(MustExist(tasks_, r.task_id(), "task"));
+      Task& t = tasks_.at(r.task_id());
+      Iteration& it = iterations_.at(t.iteration_id);
+      if (it.splits == nullptr) return absl::OkStatus();
+      for (int64_t id : r.split_ids()) CompleteSplitLocked(it, t, id);
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kStartTasks: {
+      const auto& r = u.start_tasks();
+      SLUICE_RETURN_IF_ERROR(MustExist(iterations_, r.iteration_id(), "iteration"));
+      Iteration& it = iterations_.at(r.iteration_id());
+      for (int64_t id : r.task_ids()) {
+        auto t = tasks_.find(id);
+        if (t != tasks_.end()) {
+          t->second.pending = false;
+          t->second.starting_round = r.starting_round();
+        }
+        it.pending_tasks.erase(std::remove(it.pending_tasks.begin(), it.pending_tasks.end(), id),
+                               it.pending_tasks.end());
+      }
+      it.ready_consumers.clear();
+      ++it.version;
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kRequeueSplits: {
+      const auto& r = u.requeue_splits();
+      SLUICE_RETURN_IF_ERROR(MustExist(tasks_, r.task_id(), "task"));
+      Task& t = tasks_.at(r.task_id());
+      Iteration& it = iterations_.at(t.iteration_id);
+      if (it.splits == nullptr) return absl::OkStatus();
+      RequeueSplitsLocked(it, t, std::set<int64_t>(r.split_ids().begin(), r.split_ids().end()));
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("journal update of an unknown kind (a newer dispatcher's?)");
+}
+
+absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
+  if (config_.work_dir.empty()) {
+    return absl::InvalidArgumentError("fault_tolerant_mode needs a work_dir for the journal");
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> records, ReadJournal(config_.work_dir));
+  absl::MutexLock l(&mu_);
+  if (journal_ != nullptr || next_id_ != 1 || !workers_.empty()) {
+    return absl::FailedPreconditionError("OpenJournal: the dispatcher is already in use");
+  }
+  replaying_ = true;
+  for (size_t i = 0; i < records.size(); ++i) {
+    proto::JournalRecord rec;
+    absl::Status s;
+    if (!rec.ParseFromString(records[i])) {
+      s = absl::InvalidArgumentError("it does not parse");
+    }
+    for (int k = 0; s.ok() && k < rec.updates_size(); ++k) s = ApplyLocked(rec.updates(k));
+    if (!s.ok()) {
+      replaying_ = false;
+      return absl::DataLossError(
+          absl::StrCat("dispatcher journal ", config_.work_dir, "/", std::string(kJournalFileName),
+                       ": record ", i + 1, " of ", records.size(), " cannot be applied (",
+                       s.message(), "); it was written by an incompatible dispatcher or is "
+                       "damaged"));
+    }
+  }
+  replaying_ = false;
+  // What was not journaled starts afresh: timeouts count from now, and
+  // versions move on so that every client's long poll returns at once.
+  const absl::Time now = clock_();
+  const int64_t version_jump = absl::ToUnixMicros(now);
+  for (auto& [id, it] : iterations_) {
+    it.started = true;
+    if (it.clients.empty()) it.idle_since = now;
+    it.version += version_jump;
+  }
+  for (auto& [addr, w] : workers_) w.last_heartbeat = now;
+  for (auto& [id, c] : clients_) c.last_heartbeat = now;
+  stats_.replayed_records = static_cast<int64_t>(records.size());
+  SLUICE_ASSIGN_OR_RETURN(journal_, JournalWriter::Open(config_.work_dir, policy));
+  int64_t open_tasks = 0;
+  for (const auto& [id, t] : tasks_) open_tasks += !t.completed && !t.lost;
+  spdlog::info("dispatcher: journal {} replayed ({} records): {} dataset(s), {} job(s), {} "
+               "iteration(s), {} running task(s), {} worker(s), {} client(s)",
+               journal_->path(), records.size(), datasets_.size(), jobs_.size(),
+               iterations_.size(), open_tasks, workers_.size(), clients_.size());
+  return absl::OkStatus();
+}
+
+std::string DispatcherImpl::DurableStateString() {
+  absl::MutexLock l(&mu_);
+  std::string out;
+  for (const auto& [id, d] : datasets_) absl::StrAppend(&out, "dataset ", id, " ", d.fingerprint, "\n");
+  for (const auto& [id, j] : jobs_) {
+    absl::StrAppend(&out, "job ", id, " ", j.dataset_id, " mode=", j.mode, " name=", j.name,
+                    " consumers=", j.num_consumers, " reps=");
+    for (const auto& [rep, it] : j.iteration_by_repetition) absl::StrAppend(&out, rep, ":", it, ",");
+    absl::StrAppend(&out, "\n");
+  }
+  for (const auto& [id, it] : iterations_) {
+    absl::StrAppend(&out, "iteration ", id, " job=", it.job_id, " rep=", it.repetition,
+                    " tasks=", absl::StrJoin(it.tasks, ","), " clients=",
+                    absl::StrJoin(it.clients, ","), " finished=", it.finished,
+                    " collected=", it.collected, " error=", it.error.ToString(),
+                    " pending=", absl::StrJoin(it.pending_tasks, ","), "\n");
+    if (it.splits != nullptr) {
+      const SplitProvider& p = *it.splits;
+      absl::StrAppend(&out, "  splits positions=", p.positions, " per=", p.split_elements,
+                      " files=", absl::StrJoin(p.files, ","), " done_below=", p.done_below, "\n");
+      for (const auto& [e, ep] : p.epochs) {
+        absl::StrAppend(&out, "  epoch ", e, " queue=", absl::StrJoin(ep.queue, ","),
+                        " next=", ep.next_position, " open=", ep.open, "\n");
+      }
+      for (const auto& [sid, o] : p.open) {
+        absl::StrAppend(&out, "  open ", sid, " holder=", o.holder_task, " ",
+                        o.def.ShortDebugString(), "\n");
+      }
+    }
+  }
+  for (const auto& [id, t] : tasks_) {
+    absl::StrAppend(&out, "task ", id, " it=", t.iteration_id, " worker=", t.worker,
+                    " completed=", t.completed, " lost=", t.lost, " delivered=", t.delivered,
+                    " held=", absl::StrJoin(t.held_splits, ","), " shard=", t.shard,
+                    " start=", t.starting_round, " pending=", t.pending, "\n");
+  }
+  for (const auto& [addr, w] : workers_) {
+    absl::StrAppend(&out, "worker ", addr, " ", w.transfer_address, " ", w.protocol,
+                    " index=", w.index, " tasks=", absl::StrJoin(w.tasks, ","), " undelivered=");
+    for (const auto& d : w.pending_new) absl::StrAppend(&out, d.task_id(), ",");
+    absl::StrAppend(&out, "\n");
+  }
+  for (const auto& [id, c] : clients_) {
+    absl::StrAppend(&out, "client ", id, " it=", c.iteration_id, " consumer=", c.consumer_index,
+                    "\n");
+  }
+  absl::StrAppend(&out, "shard_claims=", absl::StrJoin(shard_claims_, ","), "\n");
+  return out;
+}
+
 // ---- workers ------------------------------------------------------------------
 
-void DispatcherImpl::CreateTaskLocked(Iteration& it, Worker& w) {
+void DispatcherImpl::AddCreateTaskLocked(proto::JournalRecord& rec, int64_t iteration_id,
+                                         bool pending, const std::string& address) {
+  proto::CreateTaskUpdate* u = rec.add_updates()->mutable_create_task();
+  u->set_task_id(next_id_++);
+  u->set_iteration_id(iteration_id);
+  u->set_worker_address(address);
+  u->set_pending(pending);
+}
+
+absl::Status DispatcherImpl::CreateTaskLocked(const proto::CreateTaskUpdate& u) {
+  SLUICE_RETURN_IF_ERROR(MustExist(iterations_, u.iteration_id(), "iteration"));
+  SLUICE_RETURN_IF_ERROR(MustExist(workers_, u.worker_address(), "worker"));
+  if (tasks_.count(u.task_id())) {
+    return absl::AlreadyExistsError(absl::StrCat("task ", u.task_id(), " exists"));
+  }
+  Iteration& it = iterations_.at(u.iteration_id());
+  Worker& w = workers_.at(u.worker_address());
   const Job& job = jobs_.at(it.job_id);
   Task t;
-  t.id = next_id_++;
+  t.id = u.task_id();
   t.iteration_id = it.id;
   t.worker = w.address;
   proto::TaskDef def;
@@ -126,7 +460,7 @@ void DispatcherImpl::CreateTaskLocked(Iteration& it, Worker& w) {
     def.set_num_shards(static_cast<int64_t>(config_.worker_addresses.size()));
   }
   def.set_num_consumers(job.num_consumers);
-  if (job.num_consumers > 0 && it.started) {
+  if (u.pending()) {
     // Joins at a round every consumer agrees to (CoordinateLocked).
     t.pending = true;
     if (it.pending_tasks.empty()) {
@@ -141,19 +475,21 @@ void DispatcherImpl::CreateTaskLocked(Iteration& it, Worker& w) {
   w.tasks.insert(t.id);
   it.tasks.insert(t.id);
   ++it.version;
+  next_id_ = std::max(next_id_, t.id + 1);
   tasks_.emplace(t.id, std::move(t));
+  return absl::OkStatus();
 }
 
-bool DispatcherImpl::NeedsTaskLocked(const Iteration& it, const Worker& w) {
+bool DispatcherImpl::NeedsTaskLocked(const Iteration& it, int64_t worker_index) {
   if (!StaticShardingOf(jobs_.at(it.job_id).mode)) return true;
   for (int64_t id : it.tasks) {
     const Task& t = tasks_.at(id);
-    if (t.shard == w.index && !t.lost) return false;
+    if (t.shard == worker_index && !t.lost) return false;
   }
   return true;
 }
 
-absl::StatusOr<int64_t> DispatcherImpl::ClaimShardLocked(const std::string& address) {
+absl::StatusOr<int64_t> DispatcherImpl::FindShardLocked(const std::string& address) {
   for (size_t i = 0; i < shard_claims_.size(); ++i) {
     if (shard_claims_[i] == address) return static_cast<int64_t>(i);
   }
@@ -170,7 +506,6 @@ absl::StatusOr<int64_t> DispatcherImpl::ClaimShardLocked(const std::string& addr
         "] (or every matching entry is held by a live worker); list it, or start the worker "
         "with a listed worker_address"));
   }
-  shard_claims_[*index] = address;
   return *index;
 }
 
@@ -217,51 +552,61 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   absl::MutexLock l(&mu_);
   auto wit = workers_.find(addr);
   if (wit == workers_.end()) {
-    Worker w;
-    w.address = addr;
-    w.transfer_address = req.transfer_address().empty() ? addr : req.transfer_address();
-    w.protocol = req.transfer_protocol().empty() ? "grpc" : req.transfer_protocol();
-    if (config_.worker_addresses.empty()) {
-      w.index = next_worker_index_++;
-    } else {
-      SLUICE_ASSIGN_OR_RETURN(w.index, ClaimShardLocked(addr));
+    int64_t index = next_worker_index_;
+    if (!config_.worker_addresses.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(index, FindShardLocked(addr));
     }
-    wit = workers_.emplace(addr, std::move(w)).first;
-    spdlog::info("dispatcher: worker {} registered as worker {} (transfer {} over {})", addr,
-                 wit->second.index, wit->second.transfer_address, wit->second.protocol);
+    proto::JournalRecord rec;
+    proto::RegisterWorkerUpdate* r = rec.add_updates()->mutable_register_worker();
+    r->set_address(addr);
+    r->set_transfer_address(req.transfer_address().empty() ? addr : req.transfer_address());
+    r->set_transfer_protocol(req.transfer_protocol().empty() ? "grpc" : req.transfer_protocol());
+    r->set_index(index);
     // A worker that joins mid-job gets a task for every running iteration.
     for (auto& [id, it] : iterations_) {
-      if (!it.finished && !it.collected && NeedsTaskLocked(it, wit->second)) {
-        CreateTaskLocked(it, wit->second);
+      if (!it.finished && !it.collected && NeedsTaskLocked(it, index)) {
+        AddCreateTaskLocked(rec, id, jobs_.at(it.job_id).num_consumers > 0 && it.started, addr);
       }
     }
+    SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
+    wit = workers_.find(addr);
+    spdlog::info("dispatcher: worker {} registered as worker {} (transfer {} over {})", addr,
+                 wit->second.index, wit->second.transfer_address, wit->second.protocol);
   }
   Worker& w = wit->second;
   w.last_heartbeat = clock_();
-  for (int64_t id : req.finished_tasks()) {
-    auto t = tasks_.find(id);
-    if (t != tasks_.end() && t->second.worker == addr) FinishTaskLocked(t->second, false);
-  }
-  // Reconcile: tasks this worker should hold but does not (it restarted)
-  // are lost; tasks it holds that we no longer know are deleted.
+  // Tasks whose output was read, and reconciliation: tasks this worker
+  // should hold but does not (it restarted) are lost; tasks it holds that
+  // we no longer know are deleted.
+  proto::JournalRecord finished;
   std::set<int64_t> held(req.current_tasks().begin(), req.current_tasks().end());
+  std::set<int64_t> done_tasks(req.finished_tasks().begin(), req.finished_tasks().end());
   std::set<int64_t> lost_in;  // iterations that lost a task of this worker
   for (int64_t id : w.tasks) {
-    Task& t = tasks_.at(id);
-    if (t.delivered && !held.count(id) && !t.completed && !t.lost) {
+    const Task& t = tasks_.at(id);
+    if (t.completed || t.lost) continue;
+    const bool done = done_tasks.count(id) > 0;
+    const bool gone = !done && t.delivered && !held.count(id);
+    if (!done && !gone) continue;
+    proto::FinishTaskUpdate* f = finished.add_updates()->mutable_finish_task();
+    f->set_task_id(id);
+    f->set_lost(gone);
+    if (gone) {
       spdlog::warn("dispatcher: worker {} no longer holds task {}; marking it lost", addr, id);
-      FinishTaskLocked(t, true);
       lost_in.insert(t.iteration_id);
     }
   }
+  SLUICE_RETURN_IF_ERROR(RecordLocked(finished));
   // Static sharding: the restarted worker reads its shard again.
+  proto::JournalRecord again;
   for (int64_t iteration_id : lost_in) {
     Iteration& it = iterations_.at(iteration_id);
     if (!it.finished && !it.collected && StaticShardingOf(jobs_.at(it.job_id).mode) &&
-        NeedsTaskLocked(it, w)) {
-      CreateTaskLocked(it, w);
+        NeedsTaskLocked(it, w.index)) {
+      AddCreateTaskLocked(again, iteration_id, jobs_.at(it.job_id).num_consumers > 0, addr);
     }
   }
+  SLUICE_RETURN_IF_ERROR(RecordLocked(again));
   for (int64_t id : held) {
     if (!w.tasks.count(id)) w.pending_delete.push_back(id);
   }
@@ -275,19 +620,23 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   if (req.wait_ms() > 0 && !has_news()) {
     ++w.waiting;  // a worker inside a long poll is alive
     mu_.AwaitWithTimeout(absl::Condition(&has_news), absl::Milliseconds(req.wait_ms()));
-    auto again = workers_.find(addr);
-    if (again != workers_.end()) --again->second.waiting;
+    auto again_w = workers_.find(addr);
+    if (again_w != workers_.end()) --again_w->second.waiting;
   }
   // The worker may have been removed while we waited (Tick after timeout).
   wit = workers_.find(addr);
   if (wit == workers_.end()) return absl::OkStatus();
   Worker& w2 = wit->second;
-  for (auto& def : w2.pending_new) {
-    auto t = tasks_.find(def.task_id());
-    if (t != tasks_.end()) t->second.delivered = true;
-    *resp->add_new_tasks() = std::move(def);
+  if (!w2.pending_new.empty()) {
+    proto::JournalRecord delivered;
+    proto::TasksDeliveredUpdate* d = delivered.add_updates()->mutable_tasks_delivered();
+    d->set_worker_address(addr);
+    for (const proto::TaskDef& def : w2.pending_new) {
+      d->add_task_ids(def.task_id());
+      *resp->add_new_tasks() = def;
+    }
+    SLUICE_RETURN_IF_ERROR(RecordLocked(delivered));
   }
-  w2.pending_new.clear();
   for (int64_t id : w2.pending_delete) resp->add_tasks_to_delete(id);
   w2.pending_delete.clear();
   w2.last_heartbeat = clock_();
@@ -297,21 +646,26 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
 absl::Status DispatcherImpl::WorkerUpdate(const proto::WorkerUpdateRequest& req,
                                           proto::WorkerUpdateResponse* resp) {
   absl::MutexLock l(&mu_);
+  proto::JournalRecord rec;
+  std::set<int64_t> failed;  // iterations given an error in this record
   for (const auto& u : req.updates()) {
     auto t = tasks_.find(u.task_id());
     if (t == tasks_.end()) continue;  // already collected
     if (u.has_error() && u.error().code() != 0) {
       auto it = iterations_.find(t->second.iteration_id);
-      if (it != iterations_.end() && it->second.error.ok()) {
-        it->second.error = FromProto(u.error());
-        ++it->second.version;
+      if (it != iterations_.end() && it->second.error.ok() && failed.insert(it->first).second) {
+        proto::IterationErrorUpdate* e = rec.add_updates()->mutable_iteration_error();
+        e->set_iteration_id(it->first);
+        *e->mutable_error() = u.error();
         spdlog::warn("dispatcher: iteration {} failed on worker {}: {}", it->first,
-                     req.worker_address(), std::string(it->second.error.message()));
+                     req.worker_address(), u.error().message());
       }
     }
-    if (u.completed() || u.has_error()) FinishTaskLocked(t->second, false);
+    if ((u.completed() || u.has_error()) && !t->second.completed && !t->second.lost) {
+      rec.add_updates()->mutable_finish_task()->set_task_id(t->first);
+    }
   }
-  return absl::OkStatus();
+  return RecordLocked(rec);
 }
 
 // ---- datasets and jobs --------------------------------------------------------------
@@ -332,7 +686,12 @@ absl::Status DispatcherImpl::RegisterDataset(const proto::RegisterDatasetRequest
                                   suffix ? absl::StrCat("-", suffix) : "");
     auto it = datasets_.find(id);
     if (it == datasets_.end()) {
-      datasets_.emplace(id, DatasetEntry{id, req.dataset(), fp});
+      proto::JournalRecord rec;
+      proto::RegisterDatasetUpdate* r = rec.add_updates()->mutable_register_dataset();
+      r->set_dataset_id(id);
+      *r->mutable_dataset() = req.dataset();
+      r->set_fingerprint(fp);
+      SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
       resp->set_dataset_id(id);
       return absl::OkStatus();
     }
@@ -433,22 +792,21 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
         "the pipeline has Shard(kShardHint, kShardHint), which only processing_mode=hint fills "
         "in; requested processing_mode=", ProcessingModeName(req.processing_mode())));
   }
-  Job job;
+  proto::JournalRecord rec;
+  proto::CreateJobUpdate* job = rec.add_updates()->mutable_create_job();
   if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
     auto source = FindSplitSource(def.root());
     if (!source.ok()) return source.status();
-    job.split_source = *source->source;
-    job.split_tracked = source->tracked;
+    *job->mutable_split_source() = *source->source;
+    job->set_split_tracked(source->tracked);
   }
-  job.id = next_id_++;
-  job.dataset_id = req.dataset_id();
-  job.mode = req.processing_mode();
-  job.name = req.job_name();
-  job.num_consumers = req.num_consumers();
-  if (!job.name.empty()) job_by_name_[job.name] = job.id;
-  resp->set_job_id(job.id);
-  jobs_.emplace(job.id, std::move(job));
-  ++stats_.jobs;
+  job->set_job_id(next_id_++);
+  job->set_dataset_id(req.dataset_id());
+  job->set_processing_mode(req.processing_mode());
+  job->set_job_name(req.job_name());
+  job->set_num_consumers(req.num_consumers());
+  SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
+  resp->set_job_id(job->job_id());
   return absl::OkStatus();
 }
 
@@ -462,8 +820,17 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
   if (jit == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", req.job_id(), " does not exist"));
   }
-  Job& job = jit->second;
+  const Job& job = jit->second;
+  if (job.num_consumers > 0 &&
+      (req.consumer_index() < 0 || req.consumer_index() >= job.num_consumers)) {
+    return absl::InvalidArgumentError(absl::StrCat("GetOrCreateIteration: consumer_index ",
+                                                   req.consumer_index(), " is not in [0, ",
+                                                   job.num_consumers, ") for job '", job.name,
+                                                   "'"));
+  }
+  proto::JournalRecord rec;
   int64_t iteration_id;
+  bool created = false;
   auto existing = job.iteration_by_repetition.find(req.repetition());
   if (existing != job.iteration_by_repetition.end()) {
     iteration_id = existing->second;
@@ -474,43 +841,33 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
           "' was garbage-collected after no client read it for ", config_.job_gc_timeout_ms,
           " ms"));
     }
-  } else {
-    Iteration it;
-    if (job.mode == proto::DISTRIBUTED_EPOCH) SLUICE_RETURN_IF_ERROR(MakeSplitProviderLocked(job, it));
-    it.id = next_id_++;
-    it.job_id = job.id;
-    it.repetition = req.repetition();
-    iteration_id = it.id;
-    auto& ref = iterations_.emplace(it.id, std::move(it)).first->second;
-    job.iteration_by_repetition[req.repetition()] = iteration_id;
-    for (auto& [addr, w] : workers_) CreateTaskLocked(ref, w);
-    ref.started = true;
-    ++stats_.iterations;
-  }
-  Iteration& it = iterations_.at(iteration_id);
-  Client c;
-  if (job.num_consumers > 0) {
-    const int64_t ci = req.consumer_index();
-    if (ci < 0 || ci >= job.num_consumers) {
-      return absl::InvalidArgumentError(absl::StrCat("GetOrCreateIteration: consumer_index ", ci,
-                                                     " is not in [0, ", job.num_consumers,
-                                                     ") for job '", job.name, "'"));
-    }
-    if (it.consumer_clients.count(ci)) {
+    if (job.num_consumers > 0 && it.consumer_clients.count(req.consumer_index())) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "consumer_index ", ci, " of job '", job.name, "' is already reading iteration ",
-          req.repetition(), "; every consumer needs its own index"));
+          "consumer_index ", req.consumer_index(), " of job '", job.name,
+          "' is already reading iteration ", req.repetition(),
+          "; every consumer needs its own index"));
     }
-    c.consumer_index = ci;
+  } else {
+    proto::CreateIterationUpdate* ci = rec.add_updates()->mutable_create_iteration();
+    if (job.mode == proto::DISTRIBUTED_EPOCH) {
+      SLUICE_RETURN_IF_ERROR(PlanSplitProviderLocked(job, ci));
+    }
+    iteration_id = next_id_++;
+    ci->set_iteration_id(iteration_id);
+    ci->set_job_id(job.id);
+    ci->set_repetition(req.repetition());
+    for (const auto& [addr, w] : workers_) AddCreateTaskLocked(rec, iteration_id, false, addr);
+    created = true;
   }
-  c.id = next_id_++;
-  if (c.consumer_index >= 0) it.consumer_clients[c.consumer_index] = c.id;
-  c.iteration_id = iteration_id;
-  c.last_heartbeat = clock_();
-  it.clients.insert(c.id);
+  proto::CreateClientUpdate* c = rec.add_updates()->mutable_create_client();
+  c->set_client_id(next_id_++);
+  c->set_iteration_id(iteration_id);
+  c->set_consumer_index(job.num_consumers > 0 ? req.consumer_index() : -1);
+  SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
+  // Tasks created from now on join a running iteration.
+  if (created) iterations_.at(iteration_id).started = true;
   resp->set_iteration_id(iteration_id);
-  resp->set_iteration_client_id(c.id);
-  clients_.emplace(c.id, c);
+  resp->set_iteration_client_id(c->client_id());
   return absl::OkStatus();
 }
 
@@ -590,17 +947,14 @@ void DispatcherImpl::CoordinateLocked(Iteration& it, int64_t consumer_index,
   it.ready_consumers.insert(consumer_index);
   const Job& job = jobs_.at(it.job_id);
   if (static_cast<int64_t>(it.ready_consumers.size()) < job.num_consumers) return;
-  for (int64_t id : it.pending_tasks) {
-    auto t = tasks_.find(id);
-    if (t == tasks_.end()) continue;
-    t->second.pending = false;
-    t->second.starting_round = it.target_round;
-  }
+  proto::JournalRecord rec;
+  proto::StartTasksUpdate* start = rec.add_updates()->mutable_start_tasks();
+  start->set_iteration_id(it.id);
+  for (int64_t id : it.pending_tasks) start->add_task_ids(id);
+  start->set_starting_round(it.target_round);
+  if (!RecordLocked(rec).ok()) return;  // logged; the next heartbeat tries again
   spdlog::info("dispatcher: iteration {}: {} task(s) join the coordinated reads at round {}",
-               it.id, it.pending_tasks.size(), it.target_round);
-  it.pending_tasks.clear();
-  it.ready_consumers.clear();
-  ++it.version;
+               it.id, start->task_ids_size(), start->starting_round());
 }
 
 void DispatcherImpl::RemoveClientLocked(int64_t client_id) {
@@ -627,8 +981,9 @@ absl::Status DispatcherImpl::ReleaseIterationClient(const proto::ReleaseIteratio
     return absl::NotFoundError(absl::StrCat("iteration client ", req.iteration_client_id(),
                                             " is unknown (released or timed out)"));
   }
-  RemoveClientLocked(req.iteration_client_id());
-  return absl::OkStatus();
+  proto::JournalRecord rec;
+  rec.add_updates()->mutable_remove_client()->set_client_id(req.iteration_client_id());
+  return RecordLocked(rec);
 }
 
 // ---- maintenance -----------------------------------------------------------------
@@ -662,8 +1017,10 @@ void DispatcherImpl::RemoveWorkerLocked(const std::string& address) {
     if (!t->second.completed && !t->second.lost) ++lost;
     FinishTaskLocked(t->second, true);
   }
-  spdlog::warn("dispatcher: worker {} timed out after {} ms; {} unfinished task(s) lost", address,
-               config_.worker_timeout_ms, lost);
+  if (!replaying_) {
+    spdlog::warn("dispatcher: worker {} timed out after {} ms; {} unfinished task(s) lost",
+                 address, config_.worker_timeout_ms, lost);
+  }
   workers_.erase(wit);
   ++stats_.lost_workers;
 }
@@ -671,53 +1028,43 @@ void DispatcherImpl::RemoveWorkerLocked(const std::string& address) {
 void DispatcherImpl::Tick() {
   absl::MutexLock l(&mu_);
   absl::Time now = clock_();
-  std::vector<std::string> dead_workers;
+  proto::JournalRecord expired;
   for (auto& [addr, w] : workers_) {
     if (w.waiting == 0 && now - w.last_heartbeat > absl::Milliseconds(config_.worker_timeout_ms)) {
-      dead_workers.push_back(addr);
+      expired.add_updates()->mutable_remove_worker()->set_address(addr);
     }
   }
-  for (const auto& a : dead_workers) RemoveWorkerLocked(a);
-  std::vector<int64_t> dead_clients;
   for (auto& [id, c] : clients_) {
     if (now - c.last_heartbeat > absl::Milliseconds(config_.client_timeout_ms)) {
-      dead_clients.push_back(id);
+      spdlog::warn("dispatcher: iteration client {} timed out after {} ms; releasing it", id,
+                   config_.client_timeout_ms);
+      expired.add_updates()->mutable_remove_client()->set_client_id(id);
     }
   }
-  for (int64_t id : dead_clients) {
-    spdlog::warn("dispatcher: iteration client {} timed out after {} ms; releasing it", id,
-                 config_.client_timeout_ms);
-    RemoveClientLocked(id);
-  }
-  std::vector<int64_t> drop_jobs;
+  if (!RecordLocked(expired).ok()) return;  // logged; the next tick tries again
+  proto::JournalRecord collect;
   for (auto& [id, it] : iterations_) {
     if (it.collected || !it.clients.empty()) continue;
     const Job& job = jobs_.at(it.job_id);
     bool anonymous = job.name.empty();
     if (it.finished || anonymous ||
         now - it.idle_since > absl::Milliseconds(config_.job_gc_timeout_ms)) {
-      CollectLocked(it);
-      if (anonymous) drop_jobs.push_back(job.id);
+      collect.add_updates()->mutable_collect_iteration()->set_iteration_id(id);
     }
   }
+  if (!RecordLocked(collect).ok()) return;
   // An anonymous job has no name to come back by: once every iteration of
   // it is collected, forget it entirely.
-  std::sort(drop_jobs.begin(), drop_jobs.end());
-  drop_jobs.erase(std::unique(drop_jobs.begin(), drop_jobs.end()), drop_jobs.end());
-  drop_jobs.erase(std::remove_if(drop_jobs.begin(), drop_jobs.end(),
-                                 [this](int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                   for (auto& [rep, id] : jobs_.at(job_id).iteration_by_repetition) {
-                                     if (!iterations_.at(id).collected) return true;
-                                   }
-                                   return false;
-                                 }),
-                  drop_jobs.end());
-  for (int64_t job_id : drop_jobs) {
-    for (auto& [rep, iteration_id] : jobs_.at(job_id).iteration_by_repetition) {
-      iterations_.erase(iteration_id);
+  proto::JournalRecord drop;
+  for (const auto& [job_id, job] : jobs_) {
+    if (!job.name.empty() || job.iteration_by_repetition.empty()) continue;
+    bool all_collected = true;
+    for (const auto& [rep, id] : job.iteration_by_repetition) {
+      all_collected = all_collected && iterations_.at(id).collected;
     }
-    jobs_.erase(job_id);
+    if (all_collected) drop.add_updates()->mutable_drop_job()->set_job_id(job_id);
   }
+  RecordLocked(drop).IgnoreError();  // logged; the next tick tries again
 }
 
 // ---- distributed_epoch: splits ------------------------------------------------------
@@ -747,29 +1094,29 @@ absl::StatusOr<std::vector<std::string>> Glob(const std::string& pattern) {
 
 }  // namespace
 
-absl::Status DispatcherImpl::MakeSplitProviderLocked(const Job& job, Iteration& it) {
-  auto p = std::make_unique<SplitProvider>();
+absl::Status DispatcherImpl::PlanSplitProviderLocked(const Job& job,
+                                                     proto::CreateIterationUpdate* u) {
   const proto::DatasetNode& src = job.split_source;
+  u->set_has_splits(true);
+  u->set_split_elements(1);
   switch (src.op_case()) {
     case proto::DatasetNode::kRange:
-      p->positions = RangeLength(src.range());
-      p->split_elements = config_.range_split_elements;
+      u->set_positions(RangeLength(src.range()));
+      u->set_split_elements(std::max<int64_t>(1, config_.range_split_elements));
       break;
     case proto::DatasetNode::kFromTensors:
-      p->positions = src.from_tensors().elements_size();
+      u->set_positions(src.from_tensors().elements_size());
       break;
     case proto::DatasetNode::kListFiles: {
       auto files = Glob(src.list_files().pattern());
       if (!files.ok()) return files.status();
-      p->files = *std::move(files);
-      p->positions = static_cast<int64_t>(p->files.size());
+      for (std::string& f : *files) u->add_files(std::move(f));
+      u->set_positions(u->files_size());
       break;
     }
     default:
       return absl::InternalError("distributed_epoch job without a split source");
   }
-  p->split_elements = std::max<int64_t>(1, p->split_elements);
-  it.splits = std::move(p);
   return absl::OkStatus();
 }
 
@@ -823,56 +1170,102 @@ void DispatcherImpl::ReleaseSplitsLocked(Task& t, bool requeue) {
     p.epochs[o->second.def.epoch()].queue.push_front(*r);
     ++stats_.splits_reassigned;
   }
-  spdlog::warn("dispatcher: task {} was lost holding {} unfinished split(s) of iteration {}; "
-               "they go to the remaining workers",
-               t.id, held.size(), it.id);
+  if (!replaying_) {
+    spdlog::warn("dispatcher: task {} was lost holding {} unfinished split(s) of iteration {}; "
+                 "they go to the remaining workers",
+                 t.id, held.size(), it.id);
+  }
   ++it.split_version;
 }
 
-void DispatcherImpl::NextSplitLocked(Iteration& it, Task& t, int64_t epoch,
-                                     proto::GetSplitResponse* resp) {
+void DispatcherImpl::RequeueSplitsLocked(Iteration& it, Task& t, const std::set<int64_t>& ids) {
   SplitProvider& p = *it.splits;
+  // Highest id first onto the front: the queue then hands them out in order.
+  for (auto r = ids.rbegin(); r != ids.rend(); ++r) {
+    auto o = p.open.find(*r);
+    if (o == p.open.end() || o->second.holder_task != t.id) continue;
+    o->second.holder_task = 0;
+    t.held_splits.erase(*r);
+    p.epochs[o->second.def.epoch()].queue.push_front(*r);
+    ++stats_.splits_reassigned;
+  }
+  ++it.split_version;
+}
+
+bool DispatcherImpl::PlanSplitLocked(const Iteration& it, int64_t task_id, int64_t epoch,
+                                     proto::GetSplitResponse* resp,
+                                     proto::AssignSplitUpdate* assign) {
+  const SplitProvider& p = *it.splits;
   resp->set_epoch_had_splits(p.positions > 0);
   if (epoch < p.done_below) {
     resp->set_end_of_splits(true);
-    return;
+    return false;
   }
-  Epoch& e = p.epochs[epoch];
-  int64_t id = 0;
+  static const Epoch kFresh;
+  auto found = p.epochs.find(epoch);
+  const Epoch& e = found == p.epochs.end() ? kFresh : found->second;
+  assign->set_task_id(task_id);
   if (!e.queue.empty()) {
-    id = e.queue.front();
-    e.queue.pop_front();
-  } else if (e.next_position < p.positions) {
-    id = next_id_++;
-    OpenSplit o;
-    o.def.set_split_id(id);
-    o.def.set_epoch(epoch);
+    *assign->mutable_split() = p.open.at(e.queue.front()).def;
+    return true;
+  }
+  if (e.next_position < p.positions) {
+    proto::SplitProto* def = assign->mutable_split();
+    def->set_split_id(next_id_++);
+    def->set_epoch(epoch);
     const int64_t begin = e.next_position;
     const int64_t end = p.files.empty() ? std::min(p.positions, begin + p.split_elements)
                                         : begin + 1;
     if (p.files.empty()) {
-      o.def.set_begin(begin);
-      o.def.set_end(end);
+      def->set_begin(begin);
+      def->set_end(end);
     } else {
-      o.def.set_begin(0);
-      o.def.set_end(1);
-      o.def.set_file(p.files[begin]);
+      def->set_begin(0);
+      def->set_end(1);
+      def->set_file(p.files[begin]);
     }
-    e.next_position = end;
-    ++e.open;
-    ++stats_.splits_created;
-    p.open.emplace(id, std::move(o));
-  } else if (e.open == 0) {
+    assign->set_created(true);
+    assign->set_next_position(end);
+    return true;
+  }
+  if (e.open == 0) {
     resp->set_end_of_splits(true);
-    return;
   } else {
     resp->set_not_ready(true);  // others hold the rest: one may be lost
-    return;
   }
-  OpenSplit& o = p.open.at(id);
-  o.holder_task = t.id;
+  return false;
+}
+
+absl::Status DispatcherImpl::AssignSplitLocked(const proto::AssignSplitUpdate& u) {
+  SLUICE_RETURN_IF_ERROR(MustExist(tasks_, u.task_id(), "task"));
+  Task& t = tasks_.at(u.task_id());
+  Iteration& it = iterations_.at(t.iteration_id);
+  if (it.splits == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("iteration ", it.id, " has no splits to assign"));
+  }
+  SplitProvider& p = *it.splits;
+  const int64_t id = u.split().split_id();
+  Epoch& e = p.epochs[u.split().epoch()];
+  if (u.created()) {
+    if (p.open.count(id)) return absl::AlreadyExistsError(absl::StrCat("split ", id, " exists"));
+    OpenSplit o;
+    o.def = u.split();
+    p.open.emplace(id, std::move(o));
+    e.next_position = u.next_position();
+    ++e.open;
+    ++stats_.splits_created;
+    next_id_ = std::max(next_id_, id + 1);
+  } else {
+    auto q = std::find(e.queue.begin(), e.queue.end(), id);
+    if (q == e.queue.end() || !p.open.count(id)) {
+      return absl::NotFoundError(absl::StrCat("split ", id, " is not queued"));
+    }
+    e.queue.erase(q);
+  }
+  p.open.at(id).holder_task = t.id;
   t.held_splits.insert(id);
-  *resp->mutable_split() = o.def;
+  return absl::OkStatus();
 }
 
 absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
@@ -896,7 +1289,31 @@ absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
       return absl::FailedPreconditionError(absl::StrCat(
           "GetSplit: iteration ", it.id, " is not distributed_epoch (or was collected)"));
     }
-    for (int64_t id : req.completed_splits()) CompleteSplitLocked(it, task, id);
+    proto::JournalRecord rec;
+    proto::CompleteSplitsUpdate completed;
+    for (int64_t id : req.completed_splits()) {
+      if (task.held_splits.count(id)) completed.add_split_ids(id);
+    }
+    if (completed.split_ids_size() > 0) {
+      completed.set_task_id(task.id);
+      *rec.add_updates()->mutable_complete_splits() = std::move(completed);
+    }
+    if (req.reports_held() && !req.report_only() && !task.lost) {
+      // Splits handed to this task whose reply never reached it.
+      std::set<int64_t> reported(req.held_splits().begin(), req.held_splits().end());
+      reported.insert(req.completed_splits().begin(), req.completed_splits().end());
+      proto::RequeueSplitsUpdate requeue;
+      for (int64_t id : task.held_splits) {
+        if (!reported.count(id)) requeue.add_split_ids(id);
+      }
+      if (requeue.split_ids_size() > 0) {
+        spdlog::warn("dispatcher: task {} never received split(s) {}; handing them out again",
+                     task.id, absl::StrJoin(requeue.split_ids(), ","));
+        requeue.set_task_id(task.id);
+        *rec.add_updates()->mutable_requeue_splits() = std::move(requeue);
+      }
+    }
+    SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
     if (req.report_only()) return absl::OkStatus();
     if (task.lost) {
       // Its splits went to other workers; handing it more would strand them.
@@ -906,7 +1323,13 @@ absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
           " ms); its splits were reassigned"));
     }
     resp->Clear();
-    NextSplitLocked(it, task, req.epoch(), resp);
+    proto::JournalRecord assign;
+    if (PlanSplitLocked(it, task.id, req.epoch(), resp,
+                        assign.add_updates()->mutable_assign_split())) {
+      SLUICE_RETURN_IF_ERROR(RecordLocked(assign));
+      *resp->mutable_split() = assign.updates(0).assign_split().split();
+      return absl::OkStatus();
+    }
     if (!resp->not_ready() || shutdown_ || clock_() >= deadline) return absl::OkStatus();
     // Wait for a change to the splits (a completion, a reassignment).
     const int64_t iteration_id = it.id, seen = it.split_version;

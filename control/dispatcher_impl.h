@@ -50,6 +50,19 @@
 //   by a task that completes normally (e.g. a Take ended its pipeline) are
 //   dropped as completed.
 //
+// Journal (fault_tolerant_mode): every state change is a batch of
+// proto::JournalUpdate records (control/journal.proto). The live path builds
+// the batch, appends it to the journal (fsync'd) and only then applies it
+// with ApplyLocked -- the same code a replay runs -- so the state in memory
+// is always what replaying the journal gives. A failed append changes
+// nothing and fails the RPC (Unavailable). What is not journaled is
+// transient and rebuilt after a restart: heartbeat times (restored workers
+// and clients get a fresh timeout), long polls, tasks to delete on workers
+// (workers report unknown tasks), coordinated-read targets (consumers
+// report their rounds again). A restored worker's undelivered tasks are
+// sent again; a delivered one it no longer holds is lost, as without a
+// restart.
+//
 // Thread safety: every method may be called from any thread; one mutex
 // guards all state. Time comes from the injected clock so tests can drive
 // timeouts.
@@ -68,7 +81,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "control/journal.pb.h"
 #include "control/service.pb.h"
+#include "sluice/control/journal.h"
 #include "sluice/control/dispatch_server.h"
 #include "sluice/dataset/dataset_internal.h"
 
@@ -78,6 +93,16 @@ class DispatcherImpl {
  public:
   using Clock = std::function<absl::Time()>;
   explicit DispatcherImpl(DispatcherConfig config, Clock clock = absl::Now);
+
+  // Fault-tolerant mode: replays config.work_dir's journal (recovering a
+  // torn tail) into this fresh dispatcher, then journals every later change
+  // there. Call once, before serving. DataLoss names the record that cannot
+  // be applied; FailedPrecondition when another dispatcher holds the journal.
+  absl::Status OpenJournal(FsyncPolicy policy = FsyncPolicy::kEveryRecord)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The journaled state as text, for tests comparing a dispatcher with its
+  // replay.
+  std::string DurableStateString() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
                                proto::WorkerHeartbeatResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
@@ -122,6 +147,8 @@ class DispatcherImpl {
     int64_t workers = 0, jobs = 0, iterations = 0, live_tasks = 0, iteration_clients = 0;
     int64_t lost_workers = 0, collected_iterations = 0;
     int64_t splits_created = 0, splits_completed = 0, splits_reassigned = 0;
+    int64_t journal_records = 0;   // appended since start
+    int64_t replayed_records = 0;  // read back from the journal at start
   };
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -220,12 +247,21 @@ class DispatcherImpl {
   void CoordinateLocked(Iteration& it, int64_t consumer_index, int64_t current_round,
                         int64_t blocked_round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void CreateTaskLocked(Iteration& it, Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `w` should get a task of `it`: always, except under static
-  // sharding once another task completed or is reading w's shard.
-  bool NeedsTaskLocked(const Iteration& it, const Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals `rec` (when a journal is open) and applies it.
+  absl::Status RecordLocked(const proto::JournalRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a CreateTask update (a new task id) for worker `address` to `rec`.
+  void AddCreateTaskLocked(proto::JournalRecord& rec, int64_t iteration_id, bool pending,
+                           const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CreateTaskLocked(const proto::CreateTaskUpdate& u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the worker with `worker_index` should get a task of `it`:
+  // always, except under static sharding once another task completed or is
+  // reading that worker's shard.
+  bool NeedsTaskLocked(const Iteration& it, int64_t worker_index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker_addresses entry (shard index) a registering worker takes.
-  absl::StatusOr<int64_t> ClaimShardLocked(const std::string& address)
+  absl::StatusOr<int64_t> FindShardLocked(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishTaskLocked(Task& t, bool lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateFinishedLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -233,20 +269,28 @@ class DispatcherImpl {
   void CollectLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveWorkerLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // distributed_epoch helpers.
-  absl::Status MakeSplitProviderLocked(const Job& job, Iteration& it)
+  absl::Status PlanSplitProviderLocked(const Job& job, proto::CreateIterationUpdate* u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AssignSplitLocked(const proto::AssignSplitUpdate& u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RequeueSplitsLocked(Iteration& it, Task& t, const std::set<int64_t>& ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteSplitLocked(Iteration& it, Task& t, int64_t split_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSplitsLocked(Task& t, bool requeue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands out the next split of `epoch` to `t`, or says the epoch ended or
-  // that nothing is available yet.
-  void NextSplitLocked(Iteration& it, Task& t, int64_t epoch, proto::GetSplitResponse* resp)
+  // Decides the next split of `epoch` for task `task_id`: true with *assign
+  // filled in, or false with resp saying the epoch ended or that nothing is
+  // available yet.
+  bool PlanSplitLocked(const Iteration& it, int64_t task_id, int64_t epoch,
+                       proto::GetSplitResponse* resp, proto::AssignSplitUpdate* assign)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DispatcherConfig config_;
   const Clock clock_;
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<JournalWriter> journal_ ABSL_GUARDED_BY(mu_);
+  bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // quiets logs of replayed changes
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_index_ ABSL_GUARDED_BY(mu_) = 0;
   // Static sharding: the worker address holding each worker_addresses entry

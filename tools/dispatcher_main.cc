@@ -14,9 +14,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--bind_address", c.bind_address, "address to bind (0.0.0.0: all interfaces)")
       ->capture_default_str();
-  app.add_option("--work_dir", c.work_dir, "journal directory (fault-tolerant mode; not yet available)");
+  app.add_option("--work_dir", c.work_dir,
+                 "directory of the journal (with --fault_tolerant_mode); one dispatcher at a time");
   app.add_flag("--fault_tolerant_mode", c.fault_tolerant_mode,
-               "journal every state change (not yet available)");
+               "journal every state change to --work_dir and replay it on restart");
   app.add_option("--worker_addresses", c.worker_addresses,
                  "static sharding (processing_mode file/data/file_or_data/hint): the N workers, "
                  "host:port or host:%port%; entry i reads shard i")

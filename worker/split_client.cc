@@ -134,6 +134,8 @@ void SplitClient::FetchLoop() {
       mu_.Await(absl::Condition(&want));
       if (stop_) return;
       req.set_epoch(epoch_);
+      for (int64_t id : held_) req.add_held_splits(id);
+      req.set_reports_held(true);
     }
     req.set_worker_address(worker_address_);
     req.set_task_id(task_id_);
@@ -162,6 +164,7 @@ void SplitClient::FetchLoop() {
       sp.begin = resp.split().begin();
       sp.end = resp.split().end();
       sp.file = resp.split().file();
+      held_.insert(sp.id);
       queue_.push_back(std::move(sp));
     } else if (resp.end_of_splits()) {
       ended_ = true;
@@ -190,11 +193,13 @@ void SplitClient::ReportLoop() {
     req.set_report_only(true);
     proto::GetSplitResponse resp;
     grpc::Status s = Call(req, &resp, absl::Seconds(10));
-    if (s.ok() || !Transient(s)) {
-      failures = 0;
-      continue;  // a task the dispatcher forgot has nothing left to report
-    }
     absl::MutexLock l(&mu_);
+    if (s.ok() || !Transient(s)) {
+      // Reported (or the dispatcher forgot the task: nothing left to report).
+      for (int64_t id : req.completed_splits()) held_.erase(id);
+      failures = 0;
+      continue;
+    }
     if (stop_) return;
     completed_.insert(completed_.end(), req.completed_splits().begin(),
                       req.completed_splits().end());

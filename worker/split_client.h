@@ -85,6 +85,9 @@ class SplitClient final : public SplitSource {
   std::map<int64_t, int64_t> unserved_ ABSL_GUARDED_BY(mu_);  // tagged, not yet served
   std::set<int64_t> read_ ABSL_GUARDED_BY(mu_);  // read to the end, elements unserved
   std::vector<int64_t> completed_ ABSL_GUARDED_BY(mu_);  // to report
+  // Received and not yet reported completed: sent with every fetch so the
+  // dispatcher hands out again a split whose reply never arrived.
+  std::set<int64_t> held_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
   std::thread fetcher_, reporter_;
 };

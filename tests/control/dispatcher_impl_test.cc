@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <google/protobuf/util/message_differencer.h>
@@ -1543,6 +1544,254 @@ TEST_F(CoordinatedReadsTest, AWorkerJoiningMidJobStartsAtARoundEveryConsumerHono
   ASSERT_OK_AND_ASSIGN(hb, RoundHb(c1, target + 5, -1));
   ASSERT_EQ(hb.tasks_size(), 2);
   EXPECT_EQ(hb.block_round(), -1);
+}
+
+// ---- journal (fault_tolerant_mode) ------------------------------------------------
+
+// A dispatcher journaling to a fresh work_dir; Restart() replaces it by one
+// that replays the journal, and checks that the replay rebuilt the state.
+class JournalTest : public DispatcherImplTest {
+ protected:
+  JournalTest() {
+    dir_ = ::testing::TempDir() + "/sluice_journal_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    config_ = TestConfig();
+    config_.work_dir = dir_;
+    config_.fault_tolerant_mode = true;
+    Open();
+  }
+  ~JournalTest() override {
+    d_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void Open() {
+    Reset(config_);
+    ASSERT_OK(d_->OpenJournal(FsyncPolicy::kNone));
+  }
+  // kill -9 and restart: the new dispatcher must have the same state.
+  void Restart() {
+    const std::string before = d_->DurableStateString();
+    const DispatcherImpl::Stats stats = d_->GetStats();
+    d_.reset();
+    Open();
+    EXPECT_EQ(d_->DurableStateString(), before);
+    EXPECT_EQ(d_->GetStats().replayed_records, stats.replayed_records + stats.journal_records);
+  }
+  // A distributed_epoch fetch from a worker that tracks what it holds.
+  absl::StatusOr<proto::GetSplitResponse> Fetch(const std::string& worker, int64_t task,
+                                                 const std::vector<int64_t>& held,
+                                                 const std::vector<int64_t>& completed = {},
+                                                 int64_t epoch = 0) {
+    proto::GetSplitRequest req;
+    req.set_worker_address(worker);
+    req.set_task_id(task);
+    req.set_epoch(epoch);
+    for (int64_t id : completed) req.add_completed_splits(id);
+    for (int64_t id : held) req.add_held_splits(id);
+    req.set_reports_held(true);
+    proto::GetSplitResponse resp;
+    SLUICE_RETURN_IF_ERROR(d_->GetSplit(req, &resp));
+    return resp;
+  }
+  std::string dir_;
+  DispatcherConfig config_;
+};
+
+TEST_F(JournalTest, ReplayRebuildsDatasetsJobsIterationsTasksAndClients) {
+  Restart();  // an empty journal
+  ASSERT_OK(WorkerHb(kW1, {}, {}, "127.0.0.1:9001", "ucx").status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(10));
+  ASSERT_OK_AND_ASSIGN(int64_t named, Job(ds, "shared"));
+  ASSERT_OK_AND_ASSIGN(int64_t anon, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it0, Iteration(named));
+  ASSERT_OK_AND_ASSIGN(auto it_anon, Iteration(anon));
+  Restart();
+  // The named job is found again by name; the worker's tasks were not
+  // delivered before the restart, so they are sent now.
+  ASSERT_OK_AND_ASSIGN(int64_t again, Job(ds, "shared"));
+  EXPECT_EQ(again, named);
+  ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(kW1));
+  ASSERT_EQ(hb.new_tasks_size(), 2);
+  const int64_t task = hb.new_tasks(0).task_id();
+  Restart();
+  // Delivered tasks are not sent again.
+  ASSERT_OK_AND_ASSIGN(hb, WorkerHb(kW1, {task, hb.new_tasks(1).task_id()}));
+  EXPECT_EQ(hb.new_tasks_size(), 0);
+  ASSERT_OK_AND_ASSIGN(auto chb, ClientHb(it0.iteration_client_id()));
+  ASSERT_EQ(chb.tasks_size(), 1);
+  EXPECT_EQ(chb.tasks(0).transfer_address(), "127.0.0.1:9001");
+  EXPECT_EQ(chb.tasks(0).transfer_protocol(), "ucx");
+  // A second worker, completion, an error, a release and collection.
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK(Fail(kW1, task, absl::InvalidArgumentError("bad element")));
+  ASSERT_OK(Release(it_anon.iteration_client_id()));
+  d_->Tick();  // collects the anonymous iteration and forgets its job
+  Restart();
+  ASSERT_OK_AND_ASSIGN(chb, ClientHb(it0.iteration_client_id()));
+  EXPECT_EQ(chb.error().message(), "bad element");
+  EXPECT_STATUS(Iteration(anon), absl::StatusCode::kNotFound, "does not exist");
+  EXPECT_STATUS(ClientHb(it_anon.iteration_client_id()), absl::StatusCode::kNotFound,
+                "unknown");
+  // Ids keep growing across restarts.
+  ASSERT_OK_AND_ASSIGN(int64_t later, Job(ds));
+  EXPECT_GT(later, it_anon.iteration_client_id());
+}
+
+TEST_F(JournalTest, RestoredWorkersAndClientsThatDoNotComeBackTimeOut) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(10));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "j"));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(kW1));
+  ASSERT_EQ(hb.new_tasks_size(), 1);
+  Advance(absl::Milliseconds(config_.worker_timeout_ms - 1));
+  Restart();
+  // Timeouts count from the restart, not from the last heartbeat before it.
+  Advance(absl::Milliseconds(config_.worker_timeout_ms - 1));
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().workers, 1);
+  Advance(absl::Milliseconds(2));
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().workers, 0);
+  Advance(absl::Milliseconds(config_.client_timeout_ms));
+  d_->Tick();
+  EXPECT_EQ(d_->GetStats().iteration_clients, 0);
+  Restart();
+  EXPECT_EQ(d_->GetStats().workers, 0);
+  EXPECT_STATUS(ClientHb(it.iteration_client_id()), absl::StatusCode::kNotFound, "unknown");
+}
+
+// The distributed_epoch guarantee across restarts: however often the
+// dispatcher restarts, every split of Range(100) is handed out once.
+TEST_F(JournalTest, DistributedEpochSplitsSurviveRestartsExactlyOnce) {
+  config_.range_split_elements = 7;
+  Open();
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(Dataset::Range(100).def()));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "", proto::DISTRIBUTED_EPOCH));
+  ASSERT_OK(Iteration(job).status());
+  std::map<std::string, int64_t> task;
+  for (const char* w : {kW1, kW2}) {
+    ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(w));
+    ASSERT_EQ(hb.new_tasks_size(), 1);
+    task[w] = hb.new_tasks(0).task_id();
+  }
+  std::vector<int> covered(100, 0);
+  std::map<std::string, std::vector<int64_t>> held;  // per worker: received, not completed
+  int ended = 0;
+  for (int step = 0; step < 200 && ended < 2; ++step) {
+    const std::string w = step % 2 ? kW2 : kW1;
+    // Complete what it holds every other turn, so splits stay open across
+    // restarts too.
+    std::vector<int64_t> done;
+    if (step % 4 < 2) done.swap(held[w]);
+    ASSERT_OK_AND_ASSIGN(auto r, Fetch(w, task[w], held[w], done));
+    if (r.has_split()) {
+      held[w].push_back(r.split().split_id());
+      for (int64_t v = r.split().begin(); v < r.split().end(); ++v) ++covered[v];
+    } else if (r.end_of_splits()) {
+      ++ended;
+    }
+    if (step % 3 == 0) Restart();
+  }
+  EXPECT_EQ(ended, 2);
+  for (int v = 0; v < 100; ++v) EXPECT_EQ(covered[v], 1) << "position " << v;
+}
+
+// A split handed out whose reply never arrived (the dispatcher died before
+// sending it) is handed out again once the task's next fetch lacks it.
+TEST_F(JournalTest, SplitWhoseReplyWasLostIsHandedOutAgain) {
+  config_.range_split_elements = 10;
+  Open();
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(Dataset::Range(20).def()));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "", proto::DISTRIBUTED_EPOCH));
+  ASSERT_OK(Iteration(job).status());
+  ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(kW1));
+  const int64_t task = hb.new_tasks(0).task_id();
+  ASSERT_OK_AND_ASSIGN(auto lost, Fetch(kW1, task, {}));  // never reaches the worker
+  ASSERT_TRUE(lost.has_split());
+  Restart();
+  ASSERT_OK_AND_ASSIGN(auto again, Fetch(kW1, task, {}));
+  ASSERT_TRUE(again.has_split());
+  EXPECT_EQ(again.split().split_id(), lost.split().split_id());
+  EXPECT_EQ(again.split().begin(), 0);
+  ASSERT_OK_AND_ASSIGN(auto next, Fetch(kW1, task, {again.split().split_id()}));
+  EXPECT_EQ(next.split().begin(), 10);
+  // Completed splits and splits it holds are not handed out again.
+  ASSERT_OK_AND_ASSIGN(auto end, Fetch(kW1, task, {next.split().split_id()},
+                                       {again.split().split_id()}));
+  EXPECT_TRUE(end.not_ready());
+  ASSERT_OK_AND_ASSIGN(end, Fetch(kW1, task, {}, {next.split().split_id()}));
+  EXPECT_TRUE(end.end_of_splits());
+}
+
+TEST_F(JournalTest, StaticShardClaimsAndCoordinatedStartsSurviveARestart) {
+  config_.worker_addresses = {kW1, "127.0.0.1:%port%"};
+  Open();
+  ASSERT_OK(WorkerHb(kW2).status());  // takes entry 1 (the wildcard)
+  Restart();
+  EXPECT_STATUS(WorkerHb(kW3), absl::StatusCode::kFailedPrecondition, "worker_addresses");
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(Dataset::Range(10).Repeat().def()));
+  proto::GetOrCreateJobRequest req;
+  req.set_dataset_id(ds);
+  req.set_processing_mode(proto::DATA_SHARDING);
+  req.set_job_name("sync");
+  req.set_num_consumers(1);
+  proto::GetOrCreateJobResponse resp;
+  ASSERT_OK(d_->GetOrCreateJob(req, &resp));
+  proto::GetOrCreateIterationRequest ireq;
+  ireq.set_job_id(resp.job_id());
+  ireq.set_consumer_index(0);
+  proto::GetOrCreateIterationResponse iresp;
+  ASSERT_OK(d_->GetOrCreateIteration(ireq, &iresp));
+  Restart();
+  ASSERT_OK_AND_ASSIGN(auto hb1, WorkerHb(kW1));
+  ASSERT_OK_AND_ASSIGN(auto hb2, WorkerHb(kW2));
+  ASSERT_EQ(hb1.new_tasks_size(), 1);
+  ASSERT_EQ(hb2.new_tasks_size(), 1);
+  EXPECT_EQ(hb1.new_tasks(0).worker_index(), 0);
+  EXPECT_EQ(hb2.new_tasks(0).worker_index(), 1);
+  EXPECT_STATUS(d_->GetOrCreateIteration(ireq, &iresp), absl::StatusCode::kFailedPrecondition,
+                "already reading");
+}
+
+TEST_F(JournalTest, BadJournalsAreClearErrors) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(10));
+  ASSERT_OK(Job(ds, "j").status());
+  // One dispatcher per work_dir.
+  DispatcherImpl second(config_);
+  EXPECT_STATUS(second.OpenJournal(FsyncPolicy::kNone), absl::StatusCode::kFailedPrecondition,
+                "lock");
+  d_.reset();
+  // A torn tail (a crash mid-append) is cut off; the rest replays.
+  const std::string path = dir_ + "/journal";
+  const auto good_size = std::filesystem::file_size(path);
+  { std::ofstream(path, std::ios::app | std::ios::binary) << std::string("\x40\x00\x00", 3); }
+  Open();
+  EXPECT_EQ(std::filesystem::file_size(path), good_size);
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "j"));
+  EXPECT_GT(job, 0);
+  d_.reset();
+  // A whole, checksummed record that does not fit the state: DataLoss
+  // naming it, and nothing is served.
+  {
+    ASSERT_OK_AND_ASSIGN(auto w, JournalWriter::Open(dir_, FsyncPolicy::kNone));
+    proto::JournalRecord rec;
+    rec.add_updates()->mutable_finish_task()->set_task_id(12345);
+    ASSERT_OK(w->Append(rec.SerializeAsString()));
+    ASSERT_OK(w->Append("not a record"));
+  }
+  Reset(config_);
+  EXPECT_STATUS(d_->OpenJournal(FsyncPolicy::kNone), absl::StatusCode::kDataLoss,
+                "task 12345 does not exist");
+  DispatcherConfig no_dir = TestConfig();
+  no_dir.fault_tolerant_mode = true;
+  DispatcherImpl third(no_dir);
+  EXPECT_STATUS(third.OpenJournal(), absl::StatusCode::kInvalidArgument, "work_dir");
 }
 
 }  // namespace
