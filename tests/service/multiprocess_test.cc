@@ -305,14 +305,12 @@ class MultiProcessTest : public ::testing::Test {
   absl::Status StartCluster(int num_workers, const std::vector<std::string>& dispatcher_args,
                             const std::vector<std::string>& worker_args) {
     const absl::Time deadline = absl::Now() + kStartDeadline;
-    std::vector<std::string> dargs = {"--port", "0", "--port_file",
-                                      scratch_.File("dispatcher.port")};
-    dargs.insert(dargs.end(), dispatcher_args.begin(), dispatcher_args.end());
-    dispatcher_ = Spawn("dispatcher", SLUICE_DISPATCHER_BIN, dargs);
-    if (dispatcher_ == nullptr) return absl::InternalError("cannot start the dispatcher");
-    auto port = WaitForPort(dispatcher_, scratch_.File("dispatcher.port"), deadline);
-    if (!port.ok()) return port.status();
-    dispatcher_port_ = *port;
+    dispatcher_args_ = {"--port", std::to_string(dispatcher_port_), "--port_file",
+                        scratch_.File("dispatcher.port")};
+    dispatcher_args_.insert(dispatcher_args_.end(), dispatcher_args.begin(),
+                            dispatcher_args.end());
+    absl::Status started = SpawnDispatcher("dispatcher", deadline);
+    if (!started.ok()) return started;
     const std::string dispatcher_address = absl::StrCat("127.0.0.1:", dispatcher_port_);
     for (int i = 0; i < num_workers; ++i) {
       std::string name = absl::StrCat("worker", i);
@@ -331,13 +329,36 @@ class MultiProcessTest : public ::testing::Test {
     return absl::OkStatus();
   }
 
+  // Starts the dispatcher with dispatcher_args_ (on dispatcher_port_ if set)
+  // and waits until it serves.
+  absl::Status SpawnDispatcher(const std::string& name, absl::Time deadline) {
+    std::filesystem::remove(scratch_.File("dispatcher.port"));
+    dispatcher_ = Spawn(name, SLUICE_DISPATCHER_BIN, dispatcher_args_);
+    if (dispatcher_ == nullptr) return absl::InternalError("cannot start the dispatcher");
+    auto port = WaitForPort(dispatcher_, scratch_.File("dispatcher.port"), deadline);
+    if (!port.ok()) return port.status();
+    dispatcher_port_ = *port;
+    return absl::OkStatus();
+  }
+
+  // kill -9 the dispatcher and start it again with the same arguments (the
+  // cluster must have been started on a fixed dispatcher_port_).
+  absl::Status KillAndRestartDispatcher() {
+    dispatcher_->KillAndReap();
+    ++dispatcher_restarts_;
+    return SpawnDispatcher(absl::StrCat("dispatcher", dispatcher_restarts_),
+                           absl::Now() + kStartDeadline);
+  }
+
   std::string ServiceTarget() const { return absl::StrCat("grpc://127.0.0.1:", dispatcher_port_); }
 
   ScratchDir scratch_;
   std::vector<std::unique_ptr<ChildProcess>> children_;
   ChildProcess* dispatcher_ = nullptr;
   std::vector<ChildProcess*> workers_;
-  int dispatcher_port_ = 0;
+  int dispatcher_port_ = 0;  // set before StartCluster: serve on this port
+  std::vector<std::string> dispatcher_args_;
+  int dispatcher_restarts_ = 0;
 };
 
 // Reads `it` to the end, appending the scalar int64 values to `out`, calling
@@ -491,6 +512,89 @@ TEST_F(MultiProcessTest, DistributedEpochWorkerKilledLosesNoElement) {
   std::printf("killed worker after 30 elements: %lld lost task(s), %lld duplicate(s) dropped\n",
               static_cast<long long>(after.lost_tasks - before.lost_tasks),
               static_cast<long long>(after.duplicates_dropped - before.duplicates_dropped));
+}
+
+// Fault-tolerant mode: kill -9 the dispatcher mid-epoch and start it again
+// on the same port and work_dir. It replays its journal, workers and the
+// client reconnect on their own, and the distributed_epoch still yields
+// every element exactly once.
+TEST_F(MultiProcessTest, DispatcherKilledAndRestartedMidEpochLosesNoElement) {
+  constexpr int64_t kN = 100;
+  dispatcher_port_ = UnusedLoopbackPort();
+  ASSERT_GT(dispatcher_port_, 0);
+  ASSERT_OK(StartCluster(2,
+                         {"--fault_tolerant_mode", "--work_dir", scratch_.File("journal"),
+                          "--range_split_elements", "5"},
+                         {"--heartbeat_interval_ms", "200", "--task_buffer_elements", "2"}));
+  Watchdog watchdog(absl::Seconds(120), "DispatcherKilledAndRestartedMidEpochLosesNoElement",
+                    [this] { KillAllChildren(); });
+  DistributeOptions opt;
+  opt.service = ServiceTarget();
+  opt.processing_mode = "distributed_epoch";
+  auto ds = Dataset::Range(kN).Distribute(opt);
+  ASSERT_OK(ds.status());
+  std::vector<int64_t> values;
+  absl::Status restarted = absl::UnknownError("never restarted");
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+    ASSERT_OK(Drain(*it, &values, [&](int64_t received) {
+      if (received == 30) restarted = KillAndRestartDispatcher();
+    }));
+  }
+  watchdog.Disarm();
+  ASSERT_FALSE(watchdog.fired());
+  ASSERT_OK(restarted);
+  for (ChildProcess* w : workers_) EXPECT_FALSE(w->TryReap().has_value()) << w->name() << " died";
+  std::vector<int64_t> sorted = values;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> expected(kN);
+  for (int64_t i = 0; i < kN; ++i) expected[i] = i;
+  EXPECT_THAT(sorted, ElementsAreArray(expected));
+  // It came back mid-epoch: both tasks were still running.
+  EXPECT_THAT(dispatcher_->log(), HasSubstr("replayed"));
+  EXPECT_THAT(dispatcher_->log(), HasSubstr("2 running task(s)"));
+}
+
+// parallel_epochs across a dispatcher restart: both workers' tasks go on,
+// and each produces the whole dataset.
+TEST_F(MultiProcessTest, DispatcherKilledAndRestartedParallelEpochsContinues) {
+  constexpr int64_t kN = 60;
+  dispatcher_port_ = UnusedLoopbackPort();
+  ASSERT_GT(dispatcher_port_, 0);
+  ASSERT_OK(StartCluster(2, {"--fault_tolerant_mode", "--work_dir", scratch_.File("journal")},
+                         {"--heartbeat_interval_ms", "200", "--task_buffer_elements", "2"}));
+  Watchdog watchdog(absl::Seconds(120), "DispatcherKilledAndRestartedParallelEpochsContinues",
+                    [this] { KillAllChildren(); });
+  DistributeOptions opt;
+  opt.service = ServiceTarget();
+  opt.processing_mode = "parallel_epochs";
+  opt.job_name = "continues";
+  auto ds = Dataset::Range(kN).Distribute(opt);
+  ASSERT_OK(ds.status());
+  std::vector<int64_t> values;
+  absl::Status restarted = absl::UnknownError("never restarted");
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+    ASSERT_OK(Drain(*it, &values, [&](int64_t received) {
+      if (received == 20) restarted = KillAndRestartDispatcher();
+    }));
+  }
+  watchdog.Disarm();
+  ASSERT_FALSE(watchdog.fired());
+  ASSERT_OK(restarted);
+  std::vector<int> counts(kN, 0);
+  for (int64_t v : values) {
+    ASSERT_GE(v, 0);
+    ASSERT_LT(v, kN);
+    ++counts[v];
+  }
+  for (int64_t v = 0; v < kN; ++v) EXPECT_EQ(counts[v], 2) << "value " << v;
+  // The job is still known by name: a second iterator reads its next
+  // iteration.
+  ASSERT_OK_AND_ASSIGN(auto again, ds.MakeIterator());
+  std::vector<int64_t> second;
+  ASSERT_OK(Drain(*again, &second));
+  EXPECT_EQ(second.size(), 2 * kN);
 }
 
 // A UDF the client has (it loaded the plugin) but the workers do not: the
