@@ -190,6 +190,9 @@ class DataServiceIterator final : public Iterator {
     int failures = 0;
     absl::Time retry_after = absl::InfinitePast();
     int64_t starting_round = 0;  // coordinated reads
+    // distributed_epoch: elements received per split, not yet acknowledged
+    // to the worker (the next request to it carries them).
+    std::map<int64_t, int64_t> unacked;
   };
 
   // Deduplication state of one split: indices [0, prefix) and `beyond`
@@ -399,6 +402,7 @@ class DataServiceIterator final : public Iterator {
     while (true) {
       std::shared_ptr<ElementTransport> transport;
       int64_t task_id;
+      ElementRequest req;
       {
         absl::MutexLock l(&mu_);
         while (true) {
@@ -409,6 +413,13 @@ class DataServiceIterator final : public Iterator {
             transport = t->transport;
             task_id = t->id;
             ++t->in_flight;
+            // Acknowledged once sent: a lost request's acks are not resent
+            // (an ack counted twice could complete a split too early); the
+            // worker's ack timeout covers them.
+            while (!t->unacked.empty() && req.acks.size() < kMaxAcksPerRequest) {
+              req.acks.push_back({t->unacked.begin()->first, t->unacked.begin()->second});
+              t->unacked.erase(t->unacked.begin());
+            }
             break;
           }
           // Nothing readable now: wait for a change (or a retry time).
@@ -420,7 +431,6 @@ class DataServiceIterator final : public Iterator {
         }
         ++in_flight_;
       }
-      ElementRequest req;
       req.task_id = task_id;
       req.consumer_index = node_.consumer_index();
       req.wait = kElementWait;
@@ -446,6 +456,7 @@ class DataServiceIterator final : public Iterator {
           fresh.reserve(r->elements.size());
           for (size_t i = 0; i < r->elements.size(); ++i) {
             SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
+            if (pos.split_id > 0) ++t.unacked[pos.split_id];
             if (FirstDeliveryLocked(pos.split_id, pos.index)) {
               fresh.push_back(std::move(r->elements[i]));
             } else {

@@ -19,6 +19,15 @@
 
 namespace sluice {
 
+// A client's acknowledgement: it received `count` more elements of a split
+// from the task (distributed_epoch; the worker completes a split only once
+// its elements are acknowledged).
+struct SplitAck {
+  int64_t split_id = -1;
+  int64_t count = 0;
+};
+inline constexpr size_t kMaxAcksPerRequest = 64;
+
 struct ElementRequest {
   int64_t task_id = 0;
   int64_t consumer_index = -1;
@@ -31,6 +40,8 @@ struct ElementRequest {
   // waits to fill a batch. Transports without batching (gRPC) answer one.
   int64_t max_elements = 1;
   int64_t max_bytes = 0;
+  // At most kMaxAcksPerRequest, for this task.
+  std::vector<SplitAck> acks;
 };
 
 struct SplitPosition {

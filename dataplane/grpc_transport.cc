@@ -35,6 +35,10 @@ class GrpcElementTransport final : public ElementTransport {
     req.set_consumer_index(request.consumer_index);
     req.set_round(request.round);
     req.set_wait_ms(absl::ToInt64Milliseconds(request.wait));
+    for (const SplitAck& a : request.acks) {
+      req.add_ack_split_ids(a.split_id);
+      req.add_ack_counts(a.count);
+    }
     proto::GetElementResponse resp;
     grpc::Status s = stub_->GetElement(&ctx, req, &resp);
     {

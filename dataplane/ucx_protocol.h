@@ -1,7 +1,7 @@
-// The UCX element transfer protocol (active messages), version 2. Internal.
+// The UCX element transfer protocol (active messages), version 3. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
-// data; its header (56 bytes, little-endian):
+// data; its header (64 bytes, little-endian) followed by ack_count acks:
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'G' 'E'                            |
@@ -13,6 +13,10 @@
 //   | 40     | 8    | wait_ms: how long the worker may wait            |
 //   | 48     | 4    | max_elements per reply (>= 1)                    |
 //   | 52     | 4    | max_bytes: frame bytes a batch may total         |
+//   | 56     | 4    | ack_count (<= kMaxAcksPerRequest)                |
+//   | 60     | 4    | reserved (0)                                     |
+//   | 64     | 16*n | acks: split_id, count (each 8 bytes): the client |
+//   |        |      | received count more elements of that split       |
 //
 // Worker -> client: AM kElementAm on the reply endpoint; header (56 bytes)
 // followed by `inline_len` bytes:
@@ -61,7 +65,7 @@ inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
 inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxBatchElements = 1024;
 
@@ -83,8 +87,15 @@ struct RequestHeader {
   int64_t wait_ms;
   uint32_t max_elements;
   uint32_t max_bytes;
+  uint32_t ack_count;
+  uint32_t reserved;
 };
-static_assert(sizeof(RequestHeader) == 56);
+static_assert(sizeof(RequestHeader) == 64);
+struct AckEntry {
+  int64_t split_id;
+  int64_t count;
+};
+static_assert(sizeof(AckEntry) == 16);
 
 struct ReplyHeader {
   uint32_t magic;

@@ -142,15 +142,21 @@ struct UcxElementServer::Impl {
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    if (header_length != sizeof(RequestHeader) ||
+    RequestHeader h;
+    if (header_length < sizeof(RequestHeader) ||
         !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
       spdlog::warn("worker ucx: dropped a malformed request ({} header bytes)", header_length);
       return UCS_OK;
     }
-    RequestHeader h;
     std::memcpy(&h, header, sizeof(h));
     if (h.magic != ucx::kRequestMagic || h.version != ucx::kProtocolVersion) {
       spdlog::warn("worker ucx: dropped a request with bad magic/version");
+      return UCS_OK;
+    }
+    if (h.ack_count > kMaxAcksPerRequest ||
+        header_length != sizeof(RequestHeader) + h.ack_count * sizeof(ucx::AckEntry)) {
+      spdlog::warn("worker ucx: dropped a request with {} header bytes for {} acks",
+                   header_length, h.ack_count);
       return UCS_OK;
     }
     Job job;
@@ -163,6 +169,12 @@ struct UcxElementServer::Impl {
     job.request.max_elements =
         std::clamp<int64_t>(h.max_elements, 1, ucx::kMaxBatchElements);
     job.request.max_bytes = h.max_bytes;
+    const auto* acks = static_cast<const uint8_t*>(header) + sizeof(RequestHeader);
+    for (uint32_t i = 0; i < h.ack_count; ++i) {
+      ucx::AckEntry a;
+      std::memcpy(&a, acks + i * sizeof(a), sizeof(a));
+      job.request.acks.push_back({a.split_id, a.count});
+    }
     absl::MutexLock l(&self->mu);
     self->jobs.push_back(job);
     return UCS_OK;

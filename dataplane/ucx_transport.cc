@@ -375,8 +375,15 @@ class UcxElementTransport final : public ElementTransport {
         std::clamp<int64_t>(request.max_elements, 1, ucx::kMaxBatchElements));
     h.max_bytes = static_cast<uint32_t>(
         std::clamp<int64_t>(request.max_bytes, 0, std::numeric_limits<uint32_t>::max()));
+    h.ack_count = static_cast<uint32_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
+    // The header and its acks, sent as one AM header.
+    std::vector<uint8_t> wire(sizeof(h) + h.ack_count * sizeof(ucx::AckEntry));
+    for (uint32_t i = 0; i < h.ack_count; ++i) {
+      const ucx::AckEntry a{request.acks[i].split_id, request.acks[i].count};
+      std::memcpy(wire.data() + sizeof(h) + i * sizeof(a), &a, sizeof(a));
+    }
     UcxElementTransport* raw = this;
-    client_->worker()->Post([raw, p, h]() mutable {
+    client_->worker()->Post([raw, p, h, wire = std::move(wire)]() mutable {
       if (raw->ep_ == nullptr || !raw->error_.ok()) {
         p->Complete(raw->error_.ok() ? absl::UnavailableError("endpoint closed") : raw->error_);
         return;
@@ -384,18 +391,19 @@ class UcxElementTransport final : public ElementTransport {
       h.request_id = raw->client_->Register(p);
       p->id = h.request_id;
       raw->mine_[h.request_id] = p;
-      auto* hdr = new ucx::RequestHeader(h);
+      std::memcpy(wire.data(), &h, sizeof(h));
+      auto* hdr = new std::vector<uint8_t>(std::move(wire));
       ucp_request_param_t rp{};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_FLAGS;
       rp.flags = UCP_AM_SEND_FLAG_REPLY;
       rp.user_data = hdr;
       rp.cb.send = [](void* req, ucs_status_t, void* user_data) {
-        delete static_cast<ucx::RequestHeader*>(user_data);
+        delete static_cast<std::vector<uint8_t>*>(user_data);
         ucp_request_free(req);
       };
-      ucs_status_ptr_t st =
-          ucp_am_send_nbx(raw->ep_, ucx::kGetElementAm, hdr, sizeof(*hdr), nullptr, 0, &rp);
+      ucs_status_ptr_t st = ucp_am_send_nbx(raw->ep_, ucx::kGetElementAm, hdr->data(),
+                                            hdr->size(), nullptr, 0, &rp);
       if (st == nullptr) {
         delete hdr;
       } else if (UCS_PTR_IS_ERR(st)) {

@@ -69,12 +69,23 @@ void SplitClient::FinishReadingLocked() {
   if (!current_) return;
   const int64_t id = *current_;
   current_.reset();
-  auto u = unserved_.find(id);
-  if (u == unserved_.end()) {
-    completed_.push_back(id);
-  } else {
-    read_.insert(id);
+  read_.insert(id);
+  MaybeCompleteLocked(id);
+}
+
+void SplitClient::MaybeCompleteLocked(int64_t split_id, bool timed_out) {
+  if (!read_.count(split_id)) return;
+  auto e = elements_.find(split_id);
+  if (e != elements_.end() && e->second.acked < e->second.tagged) {
+    if (!timed_out) return;
+    spdlog::warn("worker {}: task {}: {} element(s) of split {} were sent but not acknowledged "
+                 "within {}; counting them delivered (their client left or is unreachable)",
+                 worker_address_, task_id_, e->second.sent - e->second.acked, split_id,
+                 absl::FormatDuration(kAckTimeout));
   }
+  if (e != elements_.end()) elements_.erase(e);
+  read_.erase(split_id);
+  completed_.push_back(split_id);
 }
 
 absl::StatusOr<std::optional<Split>> SplitClient::Next(int64_t epoch) {
@@ -109,17 +120,27 @@ bool SplitClient::EpochHadSplits(int64_t epoch) {
 std::pair<int64_t, int64_t> SplitClient::Tag() {
   absl::MutexLock l(&mu_);
   if (!tracked_ || !current_) return {-1, -1};
-  ++unserved_[*current_];
+  ++elements_[*current_].tagged;
   return {*current_, next_index_++};
 }
 
-void SplitClient::Served(int64_t split_id) {
+void SplitClient::Sent(int64_t split_id) {
   if (split_id < 0) return;
   absl::MutexLock l(&mu_);
-  auto u = unserved_.find(split_id);
-  if (u == unserved_.end() || --u->second > 0) return;
-  unserved_.erase(u);
-  if (read_.erase(split_id)) completed_.push_back(split_id);
+  auto e = elements_.find(split_id);
+  if (e == elements_.end()) return;
+  ++e->second.sent;
+  e->second.last_sent = absl::Now();
+}
+
+void SplitClient::Acked(int64_t split_id, int64_t count) {
+  if (split_id < 0 || count <= 0) return;
+  absl::MutexLock l(&mu_);
+  auto e = elements_.find(split_id);
+  if (e == elements_.end()) return;  // completed, or not this task's
+  // An ack beyond what was sent (a resent request) counts only what was.
+  e->second.acked = std::min(e->second.sent, e->second.acked + count);
+  MaybeCompleteLocked(split_id);
 }
 
 void SplitClient::FetchLoop() {
@@ -183,7 +204,19 @@ void SplitClient::ReportLoop() {
       auto have = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || !completed_.empty();
       };
-      mu_.Await(absl::Condition(&have));
+      while (!mu_.AwaitWithTimeout(absl::Condition(&have), kAckTimeout / 4)) {
+        // Splits whose sent elements no client acknowledged in time.
+        const absl::Time now = absl::Now();
+        std::vector<int64_t> overdue;
+        for (int64_t id : read_) {
+          auto e = elements_.find(id);
+          if (e != elements_.end() && e->second.sent == e->second.tagged &&
+              now - e->second.last_sent > kAckTimeout) {
+            overdue.push_back(id);
+          }
+        }
+        for (int64_t id : overdue) MaybeCompleteLocked(id, /*timed_out=*/true);
+      }
       if (stop_) return;
       for (int64_t id : completed_) req.add_completed_splits(id);
       completed_.clear();

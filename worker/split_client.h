@@ -4,7 +4,7 @@
 // waits for a GetSplit round trip, and it reports completed splits.
 //
 // Threads: the pipeline's thread calls the SplitSource methods and Tag();
-// Served() may be called from any thread (the data plane's serving
+// Sent() and Acked() may be called from any thread (the data plane's serving
 // threads). Two owned threads talk to the dispatcher: a fetcher (GetSplit
 // for the next split of the current epoch, long-polling while others hold
 // the epoch's last splits) and a reporter (sends completions at once, so
@@ -12,9 +12,13 @@
 // are joined by Stop() and the destructor.
 //
 // Completion: a split is completed once the source has read it to the end
-// and, for a tracked pipeline, every element tagged with it was handed to
-// the data plane (Served). Untracked pipelines (Batch, Shuffle, ...) cannot
-// tie elements to splits; their splits complete when read to the end.
+// and, for a tracked pipeline, a client acknowledged every element tagged
+// with it (Acked; clients acknowledge what they received in their next
+// request to the task). Elements sent (Sent) but unacknowledged for
+// kAckTimeout count as delivered: their client left or cannot reach this
+// worker, and the epoch must still end. Untracked pipelines (Batch,
+// Shuffle, ...) cannot tie elements to splits; their splits complete when
+// read to the end.
 #pragma once
 
 #include <deque>
@@ -29,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "control/service.grpc.pb.h"
 #include "sluice/dataset/dataset_internal.h"
 
@@ -54,12 +59,20 @@ class SplitClient final : public SplitSource {
   // produced, counted as not yet served; (-1, -1) when untracked.
   std::pair<int64_t, int64_t> Tag() ABSL_LOCKS_EXCLUDED(mu_);
   // An element tagged with `split_id` was handed to the data plane.
-  void Served(int64_t split_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void Sent(int64_t split_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A client received `count` elements tagged with `split_id`.
+  void Acked(int64_t split_id, int64_t count) ABSL_LOCKS_EXCLUDED(mu_);
+
+  static constexpr absl::Duration kAckTimeout = absl::Seconds(10);
 
  private:
   void FetchLoop();
   void ReportLoop();
   void FinishReadingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `split_id` if it was read to the end and its elements were
+  // acknowledged (or, with `timed_out`, sent long enough ago).
+  void MaybeCompleteLocked(int64_t split_id, bool timed_out = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits a retry interval (returns early on Stop).
   void PauseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One GetSplit call (cancelled by Stop).
@@ -82,8 +95,13 @@ class SplitClient final : public SplitSource {
   std::map<int64_t, bool> had_splits_ ABSL_GUARDED_BY(mu_);
   std::optional<int64_t> current_ ABSL_GUARDED_BY(mu_);  // the split being read
   int64_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, int64_t> unserved_ ABSL_GUARDED_BY(mu_);  // tagged, not yet served
-  std::set<int64_t> read_ ABSL_GUARDED_BY(mu_);  // read to the end, elements unserved
+  // Tracked elements of an open split.
+  struct SplitElements {
+    int64_t tagged = 0, sent = 0, acked = 0;
+    absl::Time last_sent = absl::InfinitePast();
+  };
+  std::map<int64_t, SplitElements> elements_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> read_ ABSL_GUARDED_BY(mu_);  // read to the end, elements unacknowledged
   std::vector<int64_t> completed_ ABSL_GUARDED_BY(mu_);  // to report
   // Received and not yet reported completed: sent with every fetch so the
   // dispatcher hands out again a split whose reply never arrived.

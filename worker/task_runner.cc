@@ -93,6 +93,11 @@ void TaskRunner::Produce() {
   }
 }
 
+void TaskRunner::Ack(const std::vector<SplitAck>& acks) {
+  if (splits_ == nullptr) return;
+  for (const SplitAck& a : acks) splits_->Acked(a.split_id, a.count);
+}
+
 absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t max_elements,
                                                  int64_t max_bytes) {
   absl::MutexLock l(&mu_);
@@ -100,12 +105,6 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t ma
     return stop_ || !buffer_.empty() || produced_all_ || !error_.ok();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
-  // A tracked split completes once its elements are handed to the data
-  // plane, not once the client has them: a batch could hand over a whole
-  // split in one reply, and a worker dying with that reply in flight would
-  // lose the split. One element per reply keeps the window at the replies
-  // in flight that carry a split's last elements (docs/service.md).
-  if (splits_ && def_.split_tracked()) max_elements = 1;
   ServedBatch out;
   if (!buffer_.empty()) {
     size_t bytes = 0;
@@ -114,8 +113,9 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t ma
       buffered_bytes_ -= buffer_.front().frame_size();
       out.frames.push_back(std::move(buffer_.front()));
       buffer_.pop_front();
-      // Handed to the data plane from here on: the split may complete.
-      if (splits_) splits_->Served(out.frames.back().position.split_id);
+      // Handed to the data plane; its split completes once a client
+      // acknowledges it.
+      if (splits_) splits_->Sent(out.frames.back().position.split_id);
     } while (!buffer_.empty() && out.frames.back().payload == nullptr &&
              buffer_.front().payload == nullptr &&
              static_cast<int64_t>(out.frames.size()) < max_elements &&

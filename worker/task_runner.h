@@ -45,6 +45,8 @@ class TaskRunner {
   // worker) is returned as is.
   absl::StatusOr<ServedBatch> GetBatch(absl::Duration wait, int64_t max_elements = 1,
                                        int64_t max_bytes = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  // distributed_epoch: a client received these elements.
+  void Ack(const std::vector<SplitAck>& acks);
 
   // Coordinated reads (TaskDef.num_consumers > 0): the element of
   // `consumer_index` in `round`. The first request for a round takes the

@@ -87,6 +87,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       out.not_ready = true;
       return out;
     }
+    task->Ack(req.acks);
     auto batch = task->def().num_consumers() > 0
                      ? task->GetRound(wait, req.consumer_index, req.round)
                      : task->GetBatch(wait, req.max_elements, req.max_bytes);
@@ -106,6 +107,9 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     r.consumer_index = req->consumer_index();
     r.round = req->round();
     r.wait = absl::Milliseconds(req->wait_ms());
+    const int acks = std::min<int>({req->ack_split_ids_size(), req->ack_counts_size(),
+                                    static_cast<int>(kMaxAcksPerRequest)});
+    for (int i = 0; i < acks; ++i) r.acks.push_back({req->ack_split_ids(i), req->ack_counts(i)});
     auto served = Serve(r);
     if (!served.ok()) return internal::ToGrpcStatus(served.status());
     resp->set_end_of_sequence(served->end_of_sequence);
