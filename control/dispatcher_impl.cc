@@ -107,6 +107,16 @@ void DispatcherImpl::Shutdown() {
 
 // ---- journal ------------------------------------------------------------------
 
+namespace {
+
+template <typename Map, typename Key>
+absl::Status MustExist(const Map& m, const Key& key, absl::string_view what) {
+  if (m.count(key)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(what, " ", key, " does not exist"));
+}
+
+}  // namespace
+
 absl::Status DispatcherImpl::RecordLocked(const proto::JournalRecord& rec) {
   if (rec.updates_size() == 0) return absl::OkStatus();
   if (journal_ != nullptr) {
@@ -122,6 +132,7 @@ absl::Status DispatcherImpl::RecordLocked(const proto::JournalRecord& rec) {
           "the dispatcher cannot journal this change (", s.message(), "); retry later"));
     }
     ++stats_.journal_records;
+    ++records_in_journal_;
   }
   for (const proto::JournalUpdate& u : rec.updates()) {
     absl::Status s = ApplyLocked(u);
@@ -132,18 +143,210 @@ absl::Status DispatcherImpl::RecordLocked(const proto::JournalRecord& rec) {
       return absl::InternalError(absl::StrCat("dispatcher state change failed: ", s.message()));
     }
   }
+  if (journal_ != nullptr &&
+      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_)) {
+    absl::Status s = CompactLocked();
+    if (!s.ok()) {
+      // The change itself is durable; the journal just stays long.
+      spdlog::warn("dispatcher: journal compaction failed: {}", std::string(s.message()));
+      records_in_last_snapshot_ = records_in_journal_;  // do not retry at every change
+    }
+  }
   return absl::OkStatus();
 }
 
-namespace {
-
-template <typename Map, typename Key>
-absl::Status MustExist(const Map& m, const Key& key, absl::string_view what) {
-  if (m.count(key)) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat(what, " ", key, " does not exist"));
+void DispatcherImpl::SetCompactionMinRecords(int64_t min_records) {
+  absl::MutexLock l(&mu_);
+  compaction_min_records_ = std::max<int64_t>(1, min_records);
 }
 
-}  // namespace
+absl::Status DispatcherImpl::CompactJournal() {
+  absl::MutexLock l(&mu_);
+  if (journal_ == nullptr) return absl::FailedPreconditionError("no journal is open");
+  return CompactLocked();
+}
+
+absl::Status DispatcherImpl::CompactLocked() {
+  std::vector<std::string> records = SnapshotLocked();
+  const uint64_t before = journal_->size();
+  SLUICE_RETURN_IF_ERROR(journal_->Rewrite(records));
+  spdlog::info("dispatcher: journal compacted from {} records ({} bytes) to a snapshot of {} "
+               "records ({} bytes)",
+               records_in_journal_, before, records.size(), journal_->size());
+  records_in_journal_ = records_in_last_snapshot_ = static_cast<int64_t>(records.size());
+  ++stats_.journal_compactions;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> DispatcherImpl::SnapshotLocked() {
+  std::vector<std::string> out;
+  proto::JournalRecord rec;
+  auto add = [&]() -> proto::JournalUpdate* {
+    // Records of at most 1000 updates keep each far below kMaxRecordBytes
+    // unless dataset definitions are huge (one per update).
+    if (rec.updates_size() >= 1000 || rec.ByteSizeLong() > (kMaxRecordBytes / 4)) {
+      out.push_back(rec.SerializeAsString());
+      rec.Clear();
+    }
+    return rec.add_updates();
+  };
+  for (const auto& [id, d] : datasets_) {
+    auto* u = add()->mutable_register_dataset();
+    u->set_dataset_id(id);
+    *u->mutable_dataset() = d.def;
+    u->set_fingerprint(d.fingerprint);
+  }
+  for (const auto& [id, j] : jobs_) {
+    auto* u = add()->mutable_create_job();
+    u->set_job_id(id);
+    u->set_dataset_id(j.dataset_id);
+    u->set_processing_mode(j.mode);
+    u->set_job_name(j.name);
+    u->set_num_consumers(j.num_consumers);
+    *u->mutable_split_source() = j.split_source;
+    u->set_split_tracked(j.split_tracked);
+  }
+  // Workers, and stand-ins for the gone workers some tasks still name
+  // (removed again below).
+  for (const auto& [addr, w] : workers_) {
+    auto* u = add()->mutable_register_worker();
+    u->set_address(addr);
+    u->set_transfer_address(w.transfer_address);
+    u->set_transfer_protocol(w.protocol);
+    u->set_index(w.index);
+  }
+  std::map<std::string, int64_t> gone;  // address -> its shard (index)
+  for (const auto& [id, t] : tasks_) {
+    if (!workers_.count(t.worker)) gone.emplace(t.worker, std::max<int64_t>(0, t.shard));
+  }
+  for (const auto& [addr, index] : gone) {
+    auto* u = add()->mutable_register_worker();
+    u->set_address(addr);
+    u->set_index(index);
+  }
+  for (const auto& [id, it] : iterations_) {
+    auto* u = add()->mutable_create_iteration();
+    u->set_iteration_id(id);
+    u->set_job_id(it.job_id);
+    u->set_repetition(it.repetition);
+    u->set_finished(it.finished);
+    if (it.splits != nullptr) {
+      u->set_has_splits(true);
+      u->set_positions(it.splits->positions);
+      u->set_split_elements(it.splits->split_elements);
+      for (const std::string& f : it.splits->files) u->add_files(f);
+    }
+    if (!it.error.ok()) {
+      auto* e = add()->mutable_iteration_error();
+      e->set_iteration_id(id);
+      *e->mutable_error() = ToProto(it.error);
+    }
+  }
+  // Every task exists before any finishes (an iteration is finished once
+  // all of its tasks are).
+  std::map<std::string, std::vector<int64_t>> delivered;
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> started;  // (it, round) -> tasks
+  for (const auto& [id, t] : tasks_) {
+    auto* u = add()->mutable_create_task();
+    u->set_task_id(id);
+    u->set_iteration_id(t.iteration_id);
+    u->set_worker_address(t.worker);
+    u->set_pending(t.pending);
+    if (t.delivered) delivered[t.worker].push_back(id);
+    if (!t.pending && t.starting_round != 0) started[{t.iteration_id, t.starting_round}].push_back(id);
+  }
+  for (const auto& [addr, ids] : delivered) {
+    auto* u = add()->mutable_tasks_delivered();
+    u->set_worker_address(addr);
+    for (int64_t id : ids) u->add_task_ids(id);
+  }
+  for (const auto& [key, ids] : started) {
+    auto* u = add()->mutable_start_tasks();
+    u->set_iteration_id(key.first);
+    u->set_starting_round(key.second);
+    for (int64_t id : ids) u->add_task_ids(id);
+  }
+  for (const auto& [id, it] : iterations_) {
+    if (it.splits == nullptr) continue;
+    const SplitProvider& p = *it.splits;
+    auto* u = add()->mutable_split_provider_state();
+    u->set_iteration_id(id);
+    u->set_done_below(p.done_below);
+    for (const auto& [e, ep] : p.epochs) {
+      auto* es = u->add_epochs();
+      es->set_epoch(e);
+      for (int64_t q : ep.queue) es->add_queue(q);
+      es->set_next_position(ep.next_position);
+      es->set_open(ep.open);
+    }
+    for (const auto& [sid, o] : p.open) {
+      auto* os = u->add_open();
+      *os->mutable_split() = o.def;
+      os->set_holder_task(o.holder_task);
+    }
+  }
+  for (const auto& [id, t] : tasks_) {
+    if (!t.completed && !t.lost) continue;
+    auto* u = add()->mutable_finish_task();
+    u->set_task_id(id);
+    u->set_lost(t.lost);
+  }
+  for (const auto& [id, it] : iterations_) {
+    if (it.collected) add()->mutable_collect_iteration()->set_iteration_id(id);
+  }
+  for (const auto& [id, c] : clients_) {
+    auto* u = add()->mutable_create_client();
+    u->set_client_id(id);
+    u->set_iteration_id(c.iteration_id);
+    u->set_consumer_index(c.consumer_index);
+  }
+  for (const auto& [addr, index] : gone) add()->mutable_remove_worker()->set_address(addr);
+  for (size_t i = 0; i < shard_claims_.size(); ++i) {
+    if (shard_claims_[i].empty()) continue;
+    auto* u = add()->mutable_shard_claim();
+    u->set_index(static_cast<int64_t>(i));
+    u->set_address(shard_claims_[i]);
+  }
+  auto* c = add()->mutable_counters();
+  c->set_next_id(next_id_);
+  c->set_next_worker_index(next_worker_index_);
+  out.push_back(rec.SerializeAsString());
+  return out;
+}
+
+absl::Status DispatcherImpl::ApplySplitProviderStateLocked(
+    const proto::SplitProviderStateUpdate& u) {
+  SLUICE_RETURN_IF_ERROR(MustExist(iterations_, u.iteration_id(), "iteration"));
+  Iteration& it = iterations_.at(u.iteration_id());
+  if (it.splits == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("iteration ", it.id, " has no split provider"));
+  }
+  SplitProvider& p = *it.splits;
+  p.done_below = u.done_below();
+  p.epochs.clear();
+  for (const auto& es : u.epochs()) {
+    Epoch& e = p.epochs[es.epoch()];
+    e.queue.assign(es.queue().begin(), es.queue().end());
+    e.next_position = es.next_position();
+    e.open = es.open();
+  }
+  p.open.clear();
+  for (const auto& os : u.open()) {
+    const int64_t id = os.split().split_id();
+    OpenSplit o;
+    o.def = os.split();
+    o.holder_task = os.holder_task();
+    p.open.emplace(id, std::move(o));
+    if (os.holder_task() != 0) {
+      SLUICE_RETURN_IF_ERROR(MustExist(tasks_, os.holder_task(), "task"));
+      tasks_.at(os.holder_task()).held_splits.insert(id);
+    }
+    next_id_ = std::max(next_id_, id + 1);
+  }
+  ++it.split_version;
+  return absl::OkStatus();
+}
 
 absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
   switch (u.kind_case()) {
@@ -178,6 +381,7 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       it.id = r.iteration_id();
       it.job_id = r.job_id();
       it.repetition = r.repetition();
+      it.finished = r.finished();
       if (r.has_splits()) {
         it.splits = std::make_unique<SplitProvider>();
         it.splits->positions = r.positions();
@@ -318,6 +522,19 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       RequeueSplitsLocked(it, t, std::set<int64_t>(r.split_ids().begin(), r.split_ids().end()));
       return absl::OkStatus();
     }
+    case proto::JournalUpdate::kCounters:
+      next_id_ = std::max(next_id_, u.counters().next_id());
+      next_worker_index_ = std::max(next_worker_index_, u.counters().next_worker_index());
+      return absl::OkStatus();
+    case proto::JournalUpdate::kShardClaim: {
+      const auto& r = u.shard_claim();
+      if (r.index() >= 0 && r.index() < static_cast<int64_t>(shard_claims_.size())) {
+        shard_claims_[r.index()] = r.address();
+      }
+      return absl::OkStatus();
+    }
+    case proto::JournalUpdate::kSplitProviderState:
+      return ApplySplitProviderStateLocked(u.split_provider_state());
     case proto::JournalUpdate::KIND_NOT_SET:
       break;
   }
@@ -364,6 +581,13 @@ absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
   for (auto& [id, c] : clients_) c.last_heartbeat = now;
   stats_.replayed_records = static_cast<int64_t>(records.size());
   SLUICE_ASSIGN_OR_RETURN(journal_, JournalWriter::Open(config_.work_dir, policy));
+  records_in_journal_ = static_cast<int64_t>(records.size());
+  if (records_in_journal_ >= compaction_min_records_) {
+    absl::Status s = CompactLocked();
+    if (!s.ok()) {
+      spdlog::warn("dispatcher: journal compaction failed: {}", std::string(s.message()));
+    }
+  }
   int64_t open_tasks = 0;
   for (const auto& [id, t] : tasks_) open_tasks += !t.completed && !t.lost;
   spdlog::info("dispatcher: journal {} replayed ({} records): {} dataset(s), {} job(s), {} "

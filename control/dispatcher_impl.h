@@ -103,6 +103,13 @@ class DispatcherImpl {
   // The journaled state as text, for tests comparing a dispatcher with its
   // replay.
   std::string DurableStateString() ABSL_LOCKS_EXCLUDED(mu_);
+  // Compaction: the journal is rewritten as a snapshot of the state once it
+  // holds `min_records` records and four times as many as the last
+  // snapshot (so it stays within a few times the state's size).
+  // CompactJournal() does it now.
+  static constexpr int64_t kCompactionMinRecords = 10000;
+  void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
                                proto::WorkerHeartbeatResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
@@ -149,6 +156,7 @@ class DispatcherImpl {
     int64_t splits_created = 0, splits_completed = 0, splits_reassigned = 0;
     int64_t journal_records = 0;   // appended since start
     int64_t replayed_records = 0;  // read back from the journal at start
+    int64_t journal_compactions = 0;
   };
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -250,6 +258,11 @@ class DispatcherImpl {
   // Journals `rec` (when a journal is open) and applies it.
   absl::Status RecordLocked(const proto::JournalRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplySplitProviderStateLocked(const proto::SplitProviderStateUpdate& u)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The state as updates that rebuild it from nothing, in records.
+  std::vector<std::string> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a CreateTask update (a new task id) for worker `address` to `rec`.
   void AddCreateTaskLocked(proto::JournalRecord& rec, int64_t iteration_id, bool pending,
                            const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -291,6 +304,9 @@ class DispatcherImpl {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<JournalWriter> journal_ ABSL_GUARDED_BY(mu_);
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // quiets logs of replayed changes
+  int64_t compaction_min_records_ ABSL_GUARDED_BY(mu_) = kCompactionMinRecords;
+  int64_t records_in_journal_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t records_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_index_ ABSL_GUARDED_BY(mu_) = 0;
   // Static sharding: the worker address holding each worker_addresses entry

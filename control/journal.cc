@@ -237,7 +237,8 @@ absl::StatusOr<std::unique_ptr<JournalWriter>> JournalWriter::Open(const std::st
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(path, "cannot open or create");
   SLUICE_ASSIGN_OR_RETURN(RecoveredFile file, Recover(fd, path));
-  std::unique_ptr<JournalWriter> writer(new JournalWriter(path, file.fd, file.size, policy));
+  std::unique_ptr<JournalWriter> writer(
+      new JournalWriter(dir, path, file.fd, file.size, policy));
   if (file.size == 0) {  // new, empty, or only a torn header: (re)write the header
     std::string header = FileHeader();
     iovec iov{header.data(), header.size()};
@@ -251,8 +252,56 @@ absl::StatusOr<std::unique_ptr<JournalWriter>> JournalWriter::Open(const std::st
   return writer;
 }
 
-JournalWriter::JournalWriter(std::string path, int fd, uint64_t size, FsyncPolicy policy)
-    : path_(std::move(path)), fd_(fd), policy_(policy), size_(size) {}
+JournalWriter::JournalWriter(std::string dir, std::string path, int fd, uint64_t size,
+                             FsyncPolicy policy)
+    : dir_(std::move(dir)), path_(std::move(path)), fd_(fd), policy_(policy), size_(size) {}
+
+absl::Status JournalWriter::Rewrite(const std::vector<std::string>& records) {
+  SLUICE_RETURN_IF_ERROR(broken_);
+  const std::string tmp = path_ + ".compact";
+  int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(tmp, "cannot create");
+  auto fail = [&](absl::Status s) {
+    close(fd);
+    unlink(tmp.c_str());
+    return s;
+  };
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) return fail(ErrnoError(tmp, "flock failed"));
+  std::string bytes = FileHeader();
+  for (const std::string& r : records) {
+    if (r.size() > kMaxRecordBytes) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "journal '", path_, "': a compacted record of ", r.size(), " bytes exceeds the limit")));
+    }
+    char header[kJournalRecordHeaderBytes];
+    PutU32(static_cast<uint32_t>(r.size()), header);
+    PutU32(MaskedCrc(r), header + 4);
+    bytes.append(header, sizeof(header));
+    bytes.append(r);
+  }
+  iovec iov{bytes.data(), bytes.size()};
+  if (!PwriteAll(fd, 0, &iov, 1)) return fail(ErrnoError(tmp, "cannot write"));
+  if (policy_ == FsyncPolicy::kEveryRecord && fdatasync(fd) != 0) {
+    return fail(ErrnoError(tmp, "fdatasync failed"));
+  }
+  if (rename(tmp.c_str(), path_.c_str()) != 0) {
+    return fail(ErrnoError(tmp, absl::StrCat("cannot rename it to ", path_)));
+  }
+  // From here the new file is the journal, whatever happens next.
+  close(fd_);
+  fd_ = fd;
+  size_ = bytes.size();
+  if (policy_ == FsyncPolicy::kEveryRecord) {
+    absl::Status s = SyncDir(dir_);
+    if (!s.ok()) {
+      broken_ = absl::FailedPreconditionError(absl::StrCat(
+          "journal '", path_, "': the directory sync after compaction failed (", s.message(),
+          "); reopen the journal"));
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
 
 JournalWriter::~JournalWriter() { close(fd_); }
 

@@ -109,13 +109,23 @@ class JournalWriter final {
   // reopen the journal, which recovers its valid prefix.
   absl::Status Append(std::string_view record);
 
+  // Compaction: replaces the journal by one holding just `records`. They
+  // are written to `<dir>/journal.compact`, synced, locked and renamed over
+  // the journal (then the directory is synced), so a crash at any point
+  // leaves either the old journal or the new one, whole. On failure the old
+  // journal stays in use.
+  absl::Status Rewrite(const std::vector<std::string>& records);
+
   const std::string& path() const { return path_; }
+  // Bytes in the file: its header and every record.
+  uint64_t size() const { return size_; }
 
  private:
-  JournalWriter(std::string path, int fd, uint64_t size, FsyncPolicy policy);
+  JournalWriter(std::string dir, std::string path, int fd, uint64_t size, FsyncPolicy policy);
 
+  const std::string dir_;
   const std::string path_;
-  const int fd_;  // owned; holds the flock
+  int fd_;  // owned; holds the flock
   const FsyncPolicy policy_;
   // INVARIANT while broken_ is OK: the file ends at size_, after the last
   // whole record.

@@ -1570,14 +1570,21 @@ class JournalTest : public DispatcherImplTest {
     ASSERT_OK(d_->OpenJournal(FsyncPolicy::kNone));
   }
   // kill -9 and restart: the new dispatcher must have the same state.
+  // Every other restart compacts the journal first, so the snapshot must
+  // rebuild the same state as the updates it replaces.
   void Restart() {
+    const bool compact = restarts_++ % 2 == 1;
+    if (compact) ASSERT_OK(d_->CompactJournal());
     const std::string before = d_->DurableStateString();
     const DispatcherImpl::Stats stats = d_->GetStats();
     d_.reset();
     Open();
-    EXPECT_EQ(d_->DurableStateString(), before);
-    EXPECT_EQ(d_->GetStats().replayed_records, stats.replayed_records + stats.journal_records);
+    EXPECT_EQ(d_->DurableStateString(), before) << (compact ? "after compaction" : "");
+    if (!compact && stats.journal_compactions == 0) {
+      EXPECT_EQ(d_->GetStats().replayed_records, stats.replayed_records + stats.journal_records);
+    }
   }
+  int restarts_ = 0;
   // A distributed_epoch fetch from a worker that tracks what it holds.
   absl::StatusOr<proto::GetSplitResponse> Fetch(const std::string& worker, int64_t task,
                                                  const std::vector<int64_t>& held,
@@ -1792,6 +1799,47 @@ TEST_F(JournalTest, BadJournalsAreClearErrors) {
   no_dir.fault_tolerant_mode = true;
   DispatcherImpl third(no_dir);
   EXPECT_STATUS(third.OpenJournal(), absl::StatusCode::kInvalidArgument, "work_dir");
+}
+
+// A long-running service: the journal is compacted to a snapshot as it
+// grows, so its size stays bounded by the state, not by the history.
+TEST_F(JournalTest, TheJournalIsCompactedAsItGrows) {
+  config_.range_split_elements = 1;
+  Open();
+  d_->SetCompactionMinRecords(200);
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(Dataset::Range(50).Repeat().def()));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "forever", proto::DISTRIBUTED_EPOCH));
+  ASSERT_OK(Iteration(job).status());
+  ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(kW1));
+  const int64_t task = hb.new_tasks(0).task_id();
+  const std::string path = dir_ + "/journal";
+  uintmax_t largest = 0;
+  int64_t epoch = 0, splits = 0;
+  std::vector<int64_t> held;
+  while (splits < 3000) {
+    ASSERT_OK_AND_ASSIGN(auto r, Fetch(kW1, task, held, held, epoch));
+    held.clear();
+    if (r.has_split()) {
+      held.push_back(r.split().split_id());
+      ++splits;
+    } else {
+      ASSERT_TRUE(r.end_of_splits());
+      ++epoch;
+    }
+    largest = std::max(largest, std::filesystem::file_size(path));
+  }
+  EXPECT_GE(d_->GetStats().journal_compactions, 5);
+  // ~6000 records of history; a snapshot is a handful.
+  EXPECT_LT(largest, 200u * 200u) << "the journal was not kept small";
+  const int64_t last_split = held.back();
+  Restart();
+  // The restarted dispatcher goes on from where it was, ids never reused.
+  ASSERT_OK_AND_ASSIGN(auto r, Fetch(kW1, task, {}, held, epoch));
+  ASSERT_TRUE(r.has_split() || r.end_of_splits());
+  if (r.has_split()) {
+    EXPECT_GT(r.split().split_id(), last_split);
+  }
 }
 
 }  // namespace

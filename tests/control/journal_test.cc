@@ -148,6 +148,20 @@ TEST_F(JournalTest, ReopenedWriterAppendsAfterTheExistingRecords) {
   EXPECT_THAT(Read(), ElementsAre("a", "b", "c", "d", "e"));
 }
 
+TEST_F(JournalTest, RewriteReplacesTheRecordsAndKeepsTheLockAndAppending) {
+  ASSERT_OK_AND_ASSIGN(auto writer, JournalWriter::Open(Dir()));
+  for (const char* r : {"a", "b", "c", "d"}) ASSERT_OK(writer->Append(r));
+  ASSERT_OK(writer->Rewrite({"snapshot"}));
+  EXPECT_FALSE(std::filesystem::exists(Path() + ".compact"));
+  EXPECT_EQ(std::filesystem::file_size(Path()), writer->size());
+  ASSERT_OK(writer->Append("e"));
+  // The new file is still locked by this writer.
+  EXPECT_STATUS(JournalWriter::Open(Dir(), FsyncPolicy::kNone),
+                absl::StatusCode::kFailedPrecondition, "lock");
+  writer.reset();
+  EXPECT_EQ(Read(), (std::vector<std::string>{"snapshot", "e"}));
+}
+
 TEST_F(JournalTest, MissingDirectoryOrFileIsAnEmptyJournalAndCreatesNothing) {
   EXPECT_TRUE(Read().empty());
   EXPECT_FALSE(std::filesystem::exists(Dir()));
