@@ -11,6 +11,7 @@
 #include "sluice/control/grpc_util.h"
 #include "sluice/core/status.h"
 #include "control/service.grpc.pb.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice {
@@ -85,6 +86,7 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
   impl->config = config;
   impl->dispatcher = std::make_unique<internal::DispatcherImpl>(config);
   impl->service = std::make_unique<DispatcherService>(impl->dispatcher.get());
+  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;
   internal::ConfigureServerBuilder(&builder);
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
@@ -120,6 +122,7 @@ int DispatchServer::port() const { return impl_->port; }
 void DispatchServer::Stop() {
   if (impl_ == nullptr || impl_->stopped) return;
   impl_->stopped = true;
+  if (auto* health = impl_->server->GetHealthCheckService()) health->SetServingStatus(false);
   impl_->dispatcher->Shutdown();  // releases long polls
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
   impl_->server->Wait();

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "control/service.grpc.pb.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "sluice/control/grpc_util.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/udf.h"
@@ -249,6 +250,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     spdlog::warn("worker: no topology ({}); threads and buffers stay unbound",
                  std::string(hooks.status().message()));
   }
+  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;
   internal::ConfigureServerBuilder(&builder);
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
@@ -258,6 +260,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("worker cannot listen on ", listen));
   }
+  // Health says SERVING only once the worker registered (end of Start).
+  impl->server->GetHealthCheckService()->SetServingStatus(false);
   impl->address = config.worker_address.empty()
                       ? absl::StrCat(config.bind_address == "0.0.0.0" ? "127.0.0.1"
                                                                        : config.bind_address,
@@ -299,6 +303,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   Impl* raw = impl.get();
   impl->heartbeat = std::thread([raw] { raw->HeartbeatLoop(); });
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info("worker: serving on {} (elements over {} at {}; dispatcher {})", impl->address,
                impl->transfer_protocol, impl->transfer_address, *dispatcher);
   return std::unique_ptr<WorkerServer>(new WorkerServer(std::move(impl)));
@@ -316,6 +321,7 @@ void WorkerServer::Stop() {
   if (impl_ == nullptr || impl_->stopped) return;
   impl_->stopped = true;
   impl_->stopping.Notify();
+  if (auto* health = impl_->server->GetHealthCheckService()) health->SetServingStatus(false);
   {
     absl::MutexLock l(&impl_->mu);
     for (auto& [id, t] : impl_->tasks) t->Stop();  // wakes GetElement waits
