@@ -122,6 +122,12 @@ class DispatcherImpl {
     int64_t workers = 0, jobs = 0, iterations = 0, live_tasks = 0, iteration_clients = 0;
     int64_t lost_workers = 0, collected_iterations = 0;
     int64_t splits_created = 0, splits_completed = 0, splits_reassigned = 0;
+    // Snapshots computed by GetStats (jobs and iterations above count
+    // creations): datasets registered, jobs held, iterations neither
+    // finished nor collected, and the longest time since a worker's (not
+    // inside a long poll) or a client's last heartbeat.
+    int64_t datasets = 0, current_jobs = 0, active_iterations = 0;
+    int64_t max_worker_heartbeat_age_ms = 0, max_client_heartbeat_age_ms = 0;
   };
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
   app.add_option("--range_split_elements", c.range_split_elements,
                  "distributed_epoch: elements per split of a Range source")
       ->capture_default_str();
+  app.add_option("--metrics_port", c.metrics_port,
+                 "serve Prometheus metrics at http://BIND_ADDRESS:PORT/metrics; 0 picks a free "
+                 "port, -1 (default) is off")
+      ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();

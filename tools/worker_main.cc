@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
                  "placement of task threads and UCX buffers: auto, none or a node number")
       ->capture_default_str();
   app.add_option("--cpu_list", c.cpu_list, "pin task threads to these cpus, e.g. 0-3,8");
+  app.add_option("--metrics_port", c.metrics_port,
+                 "serve Prometheus metrics at http://BIND_ADDRESS:PORT/metrics; 0 picks a free "
+                 "port, -1 (default) is off")
+      ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();
