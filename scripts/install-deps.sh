@@ -20,7 +20,7 @@ PACKAGES=(
   libcli11-dev
   zlib1g-dev
   gnuplot-nox
-  prometheus
+  prometheus python3
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)

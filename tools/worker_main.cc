@@ -40,8 +40,13 @@ int main(int argc, char** argv) {
                  "port, -1 (default) is off")
       ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
+  std::string log_format;
+  app.add_option("--log_format", log_format,
+                 "text, or json: one JSON object per line (default: $SLUICE_LOG_FORMAT, else text)")
+      ->check(CLI::IsMember({"text", "json"}));
   CLI11_PARSE(app, argc, argv);
-  sluice::InitLoggingFromEnv();
+  sluice::InitLoggingFromEnv("sluice-worker");
+  if (!log_format.empty()) (void)sluice::SetLogFormat(log_format, "sluice-worker");  // checked above
 
   return sluice::tools::ServeUntilSignal("sluice-worker", port_file,
                                          [&] { return sluice::WorkerServer::Start(c); },
