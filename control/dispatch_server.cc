@@ -8,9 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "sluice/control/dispatcher_impl.h"
+#include "sluice/control/dispatcher_metrics.h"
 #include "sluice/control/grpc_util.h"
+#include "sluice/core/metrics.h"
 #include "sluice/core/status.h"
 #include "control/service.grpc.pb.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice {
@@ -54,6 +57,7 @@ struct DispatchServer::Impl {
   std::unique_ptr<DispatcherService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  std::unique_ptr<internal::MetricsHttpServer> metrics;  // null when metrics_port is -1
   absl::Notification stop;
   std::thread maintenance;
   bool stopped = false;
@@ -70,6 +74,10 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
   }
   if (config.port < 0 || config.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is not in 0..65535"));
+  }
+  if (config.metrics_port < -1 || config.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_port ", config.metrics_port, " is not in 0..65535 (or -1: no metrics endpoint)"));
   }
   for (int64_t v : {config.job_gc_check_interval_ms, config.job_gc_timeout_ms,
                     config.worker_timeout_ms, config.client_timeout_ms,
@@ -91,6 +99,7 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
                  config.work_dir);
   }
   impl->service = std::make_unique<DispatcherService>(impl->dispatcher.get());
+  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;
   internal::ConfigureServerBuilder(&builder);
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
@@ -100,6 +109,19 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("dispatcher cannot listen on ", listen,
                                                " (address in use or not local?)"));
+  }
+  if (config.metrics_port >= 0) {
+    internal::DispatcherImpl* d = impl->dispatcher.get();
+    auto metrics = internal::MetricsHttpServer::Start(
+        config.bind_address, config.metrics_port,
+        [d] { return internal::RenderDispatcherMetrics(d->GetStats()); });
+    if (!metrics.ok()) {
+      impl->server->Shutdown();
+      return metrics.status();
+    }
+    impl->metrics = *std::move(metrics);
+    spdlog::info("dispatcher: metrics at http://{}:{}/metrics", config.bind_address,
+                 impl->metrics->port());
   }
   // Timeouts are checked at least four times per timeout period.
   int64_t tick_ms = std::min({config.job_gc_check_interval_ms, config.worker_timeout_ms / 4,
@@ -122,15 +144,20 @@ std::string DispatchServer::address() const {
 }
 std::string DispatchServer::target() const { return absl::StrCat("grpc://", address()); }
 int DispatchServer::port() const { return impl_->port; }
+int DispatchServer::metrics_port() const {
+  return impl_->metrics ? impl_->metrics->port() : -1;
+}
 
 void DispatchServer::Stop() {
   if (impl_ == nullptr || impl_->stopped) return;
   impl_->stopped = true;
+  if (auto* health = impl_->server->GetHealthCheckService()) health->SetServingStatus(false);
   impl_->dispatcher->Shutdown();  // releases long polls
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
   impl_->server->Wait();
   impl_->stop.Notify();
   if (impl_->maintenance.joinable()) impl_->maintenance.join();
+  if (impl_->metrics) impl_->metrics->Stop();
 }
 
 }  // namespace sluice

@@ -47,6 +47,9 @@ struct DispatcherConfig {
   int64_t worker_timeout_ms = 10000;
   // A client without a heartbeat for this long is released.
   int64_t client_timeout_ms = 30000;
+  // Prometheus metrics at http://<bind_address>:<metrics_port>/metrics
+  // (docs/observability.md): -1 off, 0 picks a free port.
+  int metrics_port = -1;
 };
 
 class DispatchServer {
@@ -61,6 +64,8 @@ class DispatchServer {
   // "HOST:PORT": pass as WorkerConfig::dispatcher_address.
   std::string address() const;
   int port() const;
+  // The metrics endpoint's port; -1 when DispatcherConfig::metrics_port is -1.
+  int metrics_port() const;
   // Stops serving and joins every thread. Idempotent; returns promptly.
   void Stop();
 

@@ -1618,6 +1618,19 @@ DispatcherImpl::Stats DispatcherImpl::GetStats() {
   s.workers = static_cast<int64_t>(workers_.size());
   s.iteration_clients = static_cast<int64_t>(clients_.size());
   s.live_tasks = static_cast<int64_t>(tasks_.size());
+  s.datasets = static_cast<int64_t>(datasets_.size());
+  s.current_jobs = static_cast<int64_t>(jobs_.size());
+  for (const auto& [id, it] : iterations_) s.active_iterations += !it.finished && !it.collected;
+  const absl::Time now = clock_();
+  for (const auto& [addr, w] : workers_) {
+    if (w.waiting > 0) continue;  // inside a long poll: alive now
+    s.max_worker_heartbeat_age_ms =
+        std::max(s.max_worker_heartbeat_age_ms, absl::ToInt64Milliseconds(now - w.last_heartbeat));
+  }
+  for (const auto& [id, c] : clients_) {
+    s.max_client_heartbeat_age_ms =
+        std::max(s.max_client_heartbeat_age_ms, absl::ToInt64Milliseconds(now - c.last_heartbeat));
+  }
   return s;
 }
 

@@ -157,6 +157,12 @@ class DispatcherImpl {
     int64_t journal_records = 0;   // appended since start
     int64_t replayed_records = 0;  // read back from the journal at start
     int64_t journal_compactions = 0;
+    // Snapshots computed by GetStats (jobs and iterations above count
+    // creations): datasets registered, jobs held, iterations neither
+    // finished nor collected, and the longest time since a worker's (not
+    // inside a long poll) or a client's last heartbeat.
+    int64_t datasets = 0, current_jobs = 0, active_iterations = 0;
+    int64_t max_worker_heartbeat_age_ms = 0, max_client_heartbeat_age_ms = 0;
   };
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -10,8 +10,17 @@ namespace sluice {
 // "trace", "debug", "info" (default), "warn", "error", "critical" or "off".
 absl::Status SetLogLevel(const std::string& level);
 
-// Applies $SLUICE_LOG_LEVEL when set (an invalid value is reported on
-// stderr and ignored). The binaries and examples call this at start.
-void InitLoggingFromEnv();
+// "text" (default: spdlog's "[time] [level] message") or "json": each line
+// is one JSON object
+//   {"time":"2024-05-01T12:00:00.123456Z","level":"info","component":"sluice-worker",
+//    "pid":123,"thread":456,"message":"worker: serving on 127.0.0.1:5051 ..."}
+// (time in UTC, RFC 3339; the message escaped, invalid UTF-8 replaced by
+// U+FFFD). `component` names the process (the binaries pass their name).
+absl::Status SetLogFormat(const std::string& format, const std::string& component = "sluice");
+
+// Applies $SLUICE_LOG_LEVEL and $SLUICE_LOG_FORMAT when set (an invalid
+// value is reported on stderr and ignored). The binaries and examples call
+// this at start; `component` is passed to SetLogFormat.
+void InitLoggingFromEnv(const std::string& component = "sluice");
 
 }  // namespace sluice

@@ -134,6 +134,8 @@ struct TransportStats {
   // of at least 64 KiB), and UCX replies that carried more than one element.
   int64_t worker_zero_copy_payloads = 0;
   int64_t worker_batched_replies = 0;
+  // UCX replies of workers in this process that failed to send.
+  int64_t worker_ucx_send_errors = 0;
   // The client's receive pool: bytes registered, and whether it is at its
   // cap (new requests then wait for the user to release elements).
   int64_t receive_pool_registered_bytes = 0;

@@ -182,5 +182,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 int64_t WorkerFramesRegistered();
 int64_t WorkerZeroCopyPayloads();
 int64_t WorkerBatchedReplies();
+// UCX replies that failed to send (at once or in their completion).
+int64_t WorkerUcxSendErrors();
 
 }  // namespace sluice::internal

@@ -31,6 +31,7 @@ PoolStats& SendPoolStats() {
 std::atomic<int64_t> g_registered_frames{0};
 std::atomic<int64_t> g_zero_copy_payloads{0};
 std::atomic<int64_t> g_batched_replies{0};
+std::atomic<int64_t> g_send_errors{0};
 size_t SendPoolBytes() { return size_t{512} << 20; }
 }  // namespace
 
@@ -44,6 +45,7 @@ void WriteFrame(const FrameBuffer& f, uint8_t* out) {
 int64_t WorkerFramesRegistered() { return g_registered_frames.load(); }
 int64_t WorkerZeroCopyPayloads() { return g_zero_copy_payloads.load(); }
 int64_t WorkerBatchedReplies() { return g_batched_replies.load(); }
+int64_t WorkerUcxSendErrors() { return g_send_errors.load(); }
 
 size_t FrameBuffer::frame_size() const {
   return payload == nullptr ? size : size + ucx::AlignUp64(payload_size);
@@ -288,6 +290,7 @@ struct UcxElementServer::Impl {
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                      UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+      if (status != UCS_OK) g_send_errors++;
       delete static_cast<std::shared_ptr<Outgoing>*>(user_data);
       ucp_request_free(request);
     };
@@ -304,6 +307,7 @@ struct UcxElementServer::Impl {
       delete holder;
     } else if (UCS_PTR_IS_ERR(st)) {
       spdlog::warn("worker ucx: reply failed: {}", ucs_status_string(UCS_PTR_STATUS(st)));
+      g_send_errors++;
       delete holder;
     }
   }

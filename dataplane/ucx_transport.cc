@@ -513,6 +513,7 @@ TransportStats GetTransportStats() {
   s.worker_frames_in_registered_memory = internal::WorkerFramesRegistered();
   s.worker_zero_copy_payloads = internal::WorkerZeroCopyPayloads();
   s.worker_batched_replies = internal::WorkerBatchedReplies();
+  s.worker_ucx_send_errors = internal::WorkerUcxSendErrors();
   s.pool_arenas_verified_on_node = internal::ArenasVerified().load();
   s.pool_arenas_misplaced = internal::ArenasMisplaced().load();
   if (internal::UcxClient* client = internal::g_client.load()) {

@@ -20,7 +20,7 @@ PACKAGES=(
   libcli11-dev
   zlib1g-dev
   gnuplot-nox
-  python3 python3-yaml shellcheck
+  python3 python3-yaml shellcheck prometheus
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)

@@ -37,9 +37,18 @@ int main(int argc, char** argv) {
   app.add_option("--range_split_elements", c.range_split_elements,
                  "distributed_epoch: elements per split of a Range source")
       ->capture_default_str();
+  app.add_option("--metrics_port", c.metrics_port,
+                 "serve Prometheus metrics at http://BIND_ADDRESS:PORT/metrics; 0 picks a free "
+                 "port, -1 (default) is off")
+      ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
+  std::string log_format;
+  app.add_option("--log_format", log_format,
+                 "text, or json: one JSON object per line (default: $SLUICE_LOG_FORMAT, else text)")
+      ->check(CLI::IsMember({"text", "json"}));
   CLI11_PARSE(app, argc, argv);
-  sluice::InitLoggingFromEnv();
+  sluice::InitLoggingFromEnv("sluice-dispatcher");
+  if (!log_format.empty()) (void)sluice::SetLogFormat(log_format, "sluice-dispatcher");  // checked above
 
   return sluice::tools::ServeUntilSignal("sluice-dispatcher", port_file,
                                          [&] { return sluice::DispatchServer::Start(c); },

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include "spdlog/spdlog.h"
+
 namespace sluice::tools {
 
 inline sigset_t BlockTerminationSignals() {
@@ -38,24 +40,24 @@ inline bool WriteFileAtomically(const std::string& path, const std::string& text
 
 // The life of a server binary: with SIGINT/SIGTERM blocked, `start()` the
 // server, announce `where(*server)`, write its port to `port_file` when
-// given, wait for a signal, Stop(). Returns the process exit code.
+// given, wait for a signal, Stop(). Returns the process exit code. Messages
+// go through spdlog, so --log_format json makes every line JSON.
 template <typename StartFn, typename WhereFn>
 int ServeUntilSignal(const char* name, const std::string& port_file, StartFn start,
                      WhereFn where) {
   sigset_t signals = BlockTerminationSignals();
   auto server = start();
   if (!server.ok()) {
-    std::fprintf(stderr, "%s: %s\n", name, server.status().ToString().c_str());
+    spdlog::error("{}: {}", name, server.status().ToString());
     return 1;
   }
-  std::printf("%s: serving %s\n", name, where(**server).c_str());
-  std::fflush(stdout);
+  spdlog::info("{}: serving {}", name, where(**server));
   if (!port_file.empty() && !WriteFileAtomically(port_file, std::to_string((*server)->port()))) {
-    std::fprintf(stderr, "%s: cannot write %s\n", name, port_file.c_str());
+    spdlog::error("{}: cannot write {}", name, port_file);
     return 1;
   }
   int sig = WaitForTerminationSignal(signals);
-  std::printf("%s: signal %d, stopping\n", name, sig);
+  spdlog::info("{}: signal {}, stopping", name, sig);
   (*server)->Stop();
   return 0;
 }

@@ -35,9 +35,18 @@ int main(int argc, char** argv) {
                  "placement of task threads and UCX buffers: auto, none or a node number")
       ->capture_default_str();
   app.add_option("--cpu_list", c.cpu_list, "pin task threads to these cpus, e.g. 0-3,8");
+  app.add_option("--metrics_port", c.metrics_port,
+                 "serve Prometheus metrics at http://BIND_ADDRESS:PORT/metrics; 0 picks a free "
+                 "port, -1 (default) is off")
+      ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
+  std::string log_format;
+  app.add_option("--log_format", log_format,
+                 "text, or json: one JSON object per line (default: $SLUICE_LOG_FORMAT, else text)")
+      ->check(CLI::IsMember({"text", "json"}));
   CLI11_PARSE(app, argc, argv);
-  sluice::InitLoggingFromEnv();
+  sluice::InitLoggingFromEnv("sluice-worker");
+  if (!log_format.empty()) (void)sluice::SetLogFormat(log_format, "sluice-worker");  // checked above
 
   return sluice::tools::ServeUntilSignal("sluice-worker", port_file,
                                          [&] { return sluice::WorkerServer::Start(c); },

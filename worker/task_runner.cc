@@ -90,6 +90,7 @@ void TaskRunner::Produce() {
     absl::MutexLock l(&mu_);
     buffered_bytes_ += frame->frame_size();
     buffer_.push_back(*std::move(frame));
+    ++counters_.produced_elements;
   }
 }
 
@@ -120,6 +121,8 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t ma
              buffer_.front().payload == nullptr &&
              static_cast<int64_t>(out.frames.size()) < max_elements &&
              static_cast<int64_t>(bytes + buffer_.front().frame_size()) <= max_bytes);
+    counters_.served_elements += static_cast<int64_t>(out.frames.size());
+    counters_.served_bytes += static_cast<int64_t>(bytes);
     return out;
   }
   if (!error_.ok()) return error_;
@@ -152,6 +155,8 @@ absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t co
     }
     out.frames.push_back(*std::move(slot));
     slot.reset();
+    ++counters_.served_elements;
+    counters_.served_bytes += static_cast<int64_t>(out.frames.back().frame_size());
     bool all_taken = std::none_of(slots.begin(), slots.end(),
                                   [](const auto& s) { return s.has_value(); });
     if (all_taken) {
@@ -205,6 +210,14 @@ absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t co
 bool TaskRunner::finished() const {
   absl::MutexLock l(&mu_);
   return !error_.ok() || (produced_all_ && buffer_.empty() && rounds_.empty());
+}
+
+TaskRunner::Counters TaskRunner::counters() const {
+  absl::MutexLock l(&mu_);
+  Counters c = counters_;
+  c.buffered_elements = static_cast<int64_t>(buffer_.size());
+  c.buffered_bytes = static_cast<int64_t>(buffered_bytes_);
+  return c;
 }
 
 absl::Status TaskRunner::error() const {

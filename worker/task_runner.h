@@ -69,6 +69,14 @@ class TaskRunner {
   const proto::TaskDef& def() const { return def_; }
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // For metrics: the buffer's occupancy now, and what was produced into it
+  // and handed out of it (frames and their bytes) since the task started.
+  struct Counters {
+    int64_t buffered_elements = 0, buffered_bytes = 0;
+    int64_t produced_elements = 0, served_elements = 0, served_bytes = 0;
+  };
+  Counters counters() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   void Produce();
 
@@ -82,6 +90,7 @@ class TaskRunner {
   bool produced_all_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Counters counters_ ABSL_GUARDED_BY(mu_);  // buffered_* computed by counters()
   // Coordinated reads: open rounds, each slot a consumer's element until it
   // takes it, and the latest closed ones (to refuse a round asked again).
   static constexpr size_t kClosedRoundsKept = 4096;

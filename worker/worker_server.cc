@@ -6,6 +6,7 @@
 // a producer thread owned by its TaskRunner.
 #include "sluice/worker/worker_server.h"
 
+#include <atomic>
 #include <map>
 #include <set>
 #include <thread>
@@ -14,12 +15,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "control/service.grpc.pb.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "sluice/control/grpc_util.h"
+#include "sluice/core/metrics.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/dataplane/ucx_server.h"
 #include "sluice/topology/topology.h"
 #include "sluice/worker/task_runner.h"
+#include "sluice/worker/worker_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice {
@@ -44,6 +48,35 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   std::map<int64_t, std::shared_ptr<TaskRunner>> tasks ABSL_GUARDED_BY(mu);
   std::set<int64_t> reported ABSL_GUARDED_BY(mu);  // completion sent to the dispatcher
   grpc::ClientContext* heartbeat_ctx ABSL_GUARDED_BY(mu) = nullptr;
+  absl::Time last_heartbeat_ok ABSL_GUARDED_BY(mu) = absl::Now();
+
+  // Metrics (see worker_metrics.h).
+  std::atomic<int64_t> elements_served{0}, bytes_served{0}, grpc_serve_errors{0},
+      ucx_serve_errors{0}, grpc_bytes_copied{0}, tasks_received{0}, heartbeat_failures{0};
+  // Last member: destroyed (and its thread joined) first, as it reads the others.
+  std::unique_ptr<internal::MetricsHttpServer> metrics;
+
+  std::string RenderMetrics() ABSL_LOCKS_EXCLUDED(mu) {
+    internal::WorkerMetricsSnapshot m;
+    m.address = address;
+    m.transfer_protocol = transfer_protocol;
+    m.elements_served = elements_served.load();
+    m.bytes_served = bytes_served.load();
+    m.grpc_serve_errors = grpc_serve_errors.load();
+    m.ucx_serve_errors = ucx_serve_errors.load();
+    m.grpc_bytes_copied = grpc_bytes_copied.load();
+    m.tasks_received = tasks_received.load();
+    m.heartbeat_failures = heartbeat_failures.load();
+    m.transport = GetTransportStats();
+    {
+      absl::MutexLock l(&mu);
+      m.heartbeat_age_seconds = absl::ToDoubleSeconds(absl::Now() - last_heartbeat_ok);
+      for (const auto& [id, t] : tasks) {
+        m.tasks.push_back({id, t->def().iteration_id(), t->counters()});
+      }
+    }
+    return internal::RenderWorkerMetrics(m);
+  }
 
   std::shared_ptr<TaskRunner> FindTask(int64_t id) ABSL_LOCKS_EXCLUDED(mu) {
     absl::MutexLock l(&mu);
@@ -96,6 +129,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       return batch.status();
     }
     if (batch->end_of_sequence) ReportFinished(*task);
+    elements_served += static_cast<int64_t>(batch->frames.size());
+    for (const auto& f : batch->frames) bytes_served += static_cast<int64_t>(f.frame_size());
     return batch;
   }
 
@@ -111,7 +146,10 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
                                     static_cast<int>(kMaxAcksPerRequest)});
     for (int i = 0; i < acks; ++i) r.acks.push_back({req->ack_split_ids(i), req->ack_counts(i)});
     auto served = Serve(r);
-    if (!served.ok()) return internal::ToGrpcStatus(served.status());
+    if (!served.ok()) {
+      if (!absl::IsCancelled(served.status())) grpc_serve_errors++;
+      return internal::ToGrpcStatus(served.status());
+    }
     resp->set_end_of_sequence(served->end_of_sequence);
     resp->set_not_ready(served->not_ready);
     if (!served->frames.empty()) {
@@ -119,6 +157,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       std::string* out = resp->mutable_frame();
       out->resize(f.frame_size());
       internal::WriteFrame(f, reinterpret_cast<uint8_t*>(out->data()));
+      grpc_bytes_copied += static_cast<int64_t>(f.frame_size());
       resp->set_split_id(f.position.split_id);
       resp->set_split_index(f.position.index);
     } else {
@@ -165,6 +204,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
         return internal::FromGrpcStatus(
             s, absl::StrCat("heartbeat to dispatcher ", config.dispatcher_address));
       }
+      last_heartbeat_ok = absl::Now();
       for (const auto& def : resp.new_tasks()) {
         if (tasks.count(def.task_id())) continue;
         std::unique_ptr<internal::SplitClient> splits;
@@ -172,6 +212,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
           splits = std::make_unique<internal::SplitClient>(dispatcher.get(), address,
                                                            def.task_id(), def.split_tracked());
         }
+        tasks_received++;
         tasks.emplace(def.task_id(),
                       std::make_shared<TaskRunner>(def, config.task_buffer_elements,
                                                    ucx ? ucx->frame_allocator()
@@ -201,6 +242,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
         continue;
       }
       if (stopping.HasBeenNotified()) break;
+      heartbeat_failures++;
       if (failures++ % 20 == 0) {
         spdlog::warn("worker {}: {}; retrying", address, std::string(s.message()));
       }
@@ -222,6 +264,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   if (config.port < 0 || config.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is not in 0..65535"));
+  }
+  if (config.metrics_port < -1 || config.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_port ", config.metrics_port, " is not in 0..65535 (or -1: no metrics endpoint)"));
   }
   if (config.heartbeat_interval_ms <= 0 || config.dispatcher_timeout_ms <= 0 ||
       config.task_buffer_elements <= 0) {
@@ -253,6 +299,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     spdlog::warn("worker: no topology ({}); threads and buffers stay unbound",
                  std::string(hooks.status().message()));
   }
+  grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;
   internal::ConfigureServerBuilder(&builder);
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
@@ -262,6 +309,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(absl::StrCat("worker cannot listen on ", listen));
   }
+  // Health says SERVING only once the worker registered (end of Start).
+  impl->server->GetHealthCheckService()->SetServingStatus(false);
   impl->address = config.worker_address.empty()
                       ? absl::StrCat(config.bind_address == "0.0.0.0" ? "127.0.0.1"
                                                                        : config.bind_address,
@@ -275,7 +324,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                                  : config.data_transfer_address;
     Impl* self = impl.get();
     auto ucx = internal::UcxElementServer::Start(
-        listen_ucx, [self](const ElementRequest& r) { return self->Serve(r); }, 16,
+        listen_ucx,
+        [self](const ElementRequest& r) {
+          auto served = self->Serve(r);
+          if (!served.ok() && !absl::IsCancelled(served.status())) self->ucx_serve_errors++;
+          return served;
+        },
+        16,
         impl->placement);
     if (ucx.ok()) {
       impl->ucx = *std::move(ucx);
@@ -287,6 +342,17 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                    std::string(ucx.status().message()));
     }
   }
+  if (config.metrics_port >= 0) {
+    Impl* self = impl.get();
+    auto metrics = internal::MetricsHttpServer::Start(config.bind_address, config.metrics_port,
+                                                      [self] { return self->RenderMetrics(); });
+    if (!metrics.ok()) {
+      impl->server->Shutdown();
+      if (impl->ucx) impl->ucx->Stop();
+      return metrics.status();
+    }
+    impl->metrics = *std::move(metrics);
+  }
   impl->dispatcher = proto::DispatcherService::NewStub(internal::MakeChannel(*dispatcher));
   // Register now, so that an unreachable dispatcher fails Start clearly.
   absl::Status s = impl->Heartbeat(absl::ZeroDuration(),
@@ -294,6 +360,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   if (!s.ok()) {
     impl->server->Shutdown();
     if (impl->ucx) impl->ucx->Stop();
+    if (impl->metrics) impl->metrics->Stop();
     if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
       return absl::UnavailableError(absl::StrCat("worker cannot reach the dispatcher at ",
                                                  *dispatcher, " within ",
@@ -303,13 +370,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   Impl* raw = impl.get();
   impl->heartbeat = std::thread([raw] { raw->HeartbeatLoop(); });
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
   spdlog::info("worker: serving on {} (elements over {} at {}; dispatcher {})", impl->address,
                impl->transfer_protocol, impl->transfer_address, *dispatcher);
+  if (impl->metrics) {
+    spdlog::info("worker: metrics at http://{}:{}/metrics", config.bind_address,
+                 impl->metrics->port());
+  }
   return std::unique_ptr<WorkerServer>(new WorkerServer(std::move(impl)));
 }
 
 std::string WorkerServer::address() const { return impl_->address; }
 int WorkerServer::port() const { return impl_->port; }
+int WorkerServer::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : -1; }
 
 int64_t WorkerServer::num_tasks() const {
   absl::MutexLock l(&impl_->mu);
@@ -320,6 +393,8 @@ void WorkerServer::Stop() {
   if (impl_ == nullptr || impl_->stopped) return;
   impl_->stopped = true;
   impl_->stopping.Notify();
+  if (impl_->metrics) impl_->metrics->Stop();
+  if (auto* health = impl_->server->GetHealthCheckService()) health->SetServingStatus(false);
   {
     absl::MutexLock l(&impl_->mu);
     for (auto& [id, t] : impl_->tasks) t->Stop();  // wakes GetElement waits

@@ -43,6 +43,9 @@ struct WorkerConfig {
   // number; cpu_list overrides the cpus ("0-3,8"). Logged once at start.
   std::string numa_node = "auto";
   std::string cpu_list;
+  // Prometheus metrics at http://<bind_address>:<metrics_port>/metrics
+  // (docs/observability.md): -1 off, 0 picks a free port.
+  int metrics_port = -1;
 };
 
 class WorkerServer {
@@ -55,6 +58,8 @@ class WorkerServer {
   // The advertised "host:port".
   std::string address() const;
   int port() const;
+  // The metrics endpoint's port; -1 when WorkerConfig::metrics_port is -1.
+  int metrics_port() const;
   // Number of tasks currently held.
   int64_t num_tasks() const;
   // Stops serving, stops every task and joins all threads. Idempotent;
