@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sluice/control/security.h"
 
 namespace sluice {
 
@@ -44,6 +45,17 @@ struct DispatcherConfig {
   int64_t worker_timeout_ms = 10000;
   // A client without a heartbeat for this long is released.
   int64_t client_timeout_ms = 30000;
+  // TLS for the gRPC service (empty: plain text); with tls.ca_file set,
+  // workers and clients must present certificates signed by it.
+  TlsConfig tls;
+  // Shared secret every RPC must carry (workers' heartbeats included);
+  // empty: no authentication. See docs/security.md.
+  std::string auth_token;
+  // Largest request accepted (gRPC refuses larger ones with
+  // ResourceExhausted), and largest dataset definition RegisterDataset
+  // accepts (InvalidArgument); the second must not exceed the first.
+  int64_t max_request_bytes = kDefaultMaxRequestBytes;
+  int64_t max_dataset_def_bytes = kDefaultMaxDatasetDefBytes;
 };
 
 class DispatchServer {

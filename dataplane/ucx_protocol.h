@@ -1,7 +1,7 @@
-// The UCX element transfer protocol (active messages), version 2. Internal.
+// The UCX element transfer protocol (active messages), version 3. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
-// data; its header (56 bytes, little-endian):
+// data; its header (64 + token_len bytes, little-endian):
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'G' 'E'                            |
@@ -13,6 +13,14 @@
 //   | 40     | 8    | wait_ms: how long the worker may wait            |
 //   | 48     | 4    | max_elements per reply (>= 1)                    |
 //   | 52     | 4    | max_bytes: frame bytes a batch may total         |
+//   | 56     | 4    | token_len (<= kMaxAuthTokenBytes; 0: no token)   |
+//   | 60     | 4    | reserved (0)                                     |
+//   | 64     | t    | the auth token (the service's shared secret)     |
+// A worker with an auth token answers a request whose token differs (by a
+// constant-time compare) with an error reply, code Unauthenticated; a
+// request with another version but the right magic gets an error reply,
+// code FailedPrecondition; anything shorter or without magic is dropped.
+// Version 3 added the token (version 2 had a 56-byte header).
 //
 // Worker -> client: AM kElementAm on the reply endpoint; header (56 bytes)
 // followed by `inline_len` bytes:
@@ -61,7 +69,7 @@ inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
 inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxBatchElements = 1024;
 
@@ -83,8 +91,10 @@ struct RequestHeader {
   int64_t wait_ms;
   uint32_t max_elements;
   uint32_t max_bytes;
+  uint32_t token_len;
+  uint32_t reserved;
 };
-static_assert(sizeof(RequestHeader) == 56);
+static_assert(sizeof(RequestHeader) == 64);
 
 struct ReplyHeader {
   uint32_t magic;

@@ -20,6 +20,7 @@ PACKAGES=(
   libcli11-dev
   zlib1g-dev
   gnuplot-nox
+  openssl               # tests generate throwaway TLS certificates
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)

@@ -4,6 +4,7 @@
 #include "CLI/CLI.hpp"
 #include "sluice/core/logging.h"
 #include "sluice/control/dispatch_server.h"
+#include "tools/security_flags.h"
 #include "tools/signal_wait.h"
 
 int main(int argc, char** argv) {
@@ -37,8 +38,14 @@ int main(int argc, char** argv) {
                  "distributed_epoch: elements per split of a Range source")
       ->capture_default_str();
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
+  std::string token_file;
+  sluice::tools::AddSecurityFlags(app, &c.tls, &token_file, &c.max_request_bytes);
+  app.add_option("--max_dataset_def_bytes", c.max_dataset_def_bytes,
+                 "largest dataset definition RegisterDataset accepts")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();
+  if (!sluice::tools::LoadAuthToken(token_file, &c.auth_token)) return 2;
 
   return sluice::tools::ServeUntilSignal("sluice-dispatcher", port_file,
                                          [&] { return sluice::DispatchServer::Start(c); },

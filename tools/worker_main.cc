@@ -4,6 +4,7 @@
 #include "CLI/CLI.hpp"
 #include "sluice/core/logging.h"
 #include "sluice/worker/worker_server.h"
+#include "tools/security_flags.h"
 #include "tools/signal_wait.h"
 
 int main(int argc, char** argv) {
@@ -36,8 +37,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cpu_list", c.cpu_list, "pin task threads to these cpus, e.g. 0-3,8");
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
+  std::string token_file;
+  sluice::tools::AddSecurityFlags(app, &c.tls, &token_file, &c.max_request_bytes);
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv();
+  if (!sluice::tools::LoadAuthToken(token_file, &c.auth_token)) return 2;
 
   return sluice::tools::ServeUntilSignal("sluice-worker", port_file,
                                          [&] { return sluice::WorkerServer::Start(c); },

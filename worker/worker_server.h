@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sluice/control/security.h"
 
 namespace sluice {
 
@@ -43,6 +44,16 @@ struct WorkerConfig {
   // number; cpu_list overrides the cpus ("0-3,8"). Logged once at start.
   std::string numa_node = "auto";
   std::string cpu_list;
+  // TLS for the worker's gRPC server (cert_file/key_file; ca_file: require
+  // client certificates) and for its channel to the dispatcher (ca_file
+  // verifies the dispatcher; cert_file/key_file are its client
+  // certificate). Empty: plain text. UCX traffic is not encrypted.
+  TlsConfig tls;
+  // Shared secret: sent to the dispatcher, and required from clients on
+  // both data paths (gRPC metadata, UCX request header). Empty: none.
+  std::string auth_token;
+  // Largest gRPC request the worker's server accepts.
+  int64_t max_request_bytes = kDefaultWorkerMaxRequestBytes;
 };
 
 class WorkerServer {
@@ -54,6 +65,9 @@ class WorkerServer {
 
   // The advertised "host:port".
   std::string address() const;
+  // Where clients read elements: the UCX listener's "host:port", or
+  // address() when elements are served over gRPC.
+  std::string transfer_address() const;
   int port() const;
   // Number of tasks currently held.
   int64_t num_tasks() const;
