@@ -27,6 +27,7 @@
 #include "control/service.grpc.pb.h"
 #include "sluice/control/dispatcher_impl.h"
 #include "sluice/control/grpc_util.h"
+#include "sluice/control/security_internal.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset_internal.h"
@@ -50,9 +51,21 @@ Counters& GetCounters() {
 }
 
 absl::Status Unreachable(const std::string& address, int64_t timeout_ms, const grpc::Status& s) {
-  return absl::UnavailableError(absl::StrCat("cannot reach the sluice dispatcher at ", address,
-                                             " within ", timeout_ms, " ms (", s.error_message(),
-                                             ")"));
+  return absl::UnavailableError(absl::StrCat(
+      "cannot reach the sluice dispatcher at ", address, " within ", timeout_ms, " ms (",
+      s.error_message(), "); check the address, and that this client and the dispatcher agree "
+      "on TLS (DistributeOptions::tls)"));
+}
+
+// What the client presents to the service, from the node's options (the
+// token falls back to $SLUICE_AUTH_TOKEN).
+ClientSecurity SecurityOf(const proto::DatasetNode::DataService& node) {
+  ClientSecurity s;
+  s.tls.cert_file = node.tls_cert_file();
+  s.tls.key_file = node.tls_key_file();
+  s.tls.ca_file = node.tls_ca_file();
+  s.auth_token = internal::ClientAuthToken(node.auth_token());
+  return s;
 }
 
 // Runs a unary dispatcher call that waits for the channel to connect, up to
@@ -102,7 +115,10 @@ class DataServiceIterator final : public Iterator {
         SetClientDataPlanePlacement(std::move(dp));
       }
     }
-    std::unique_ptr<DataServiceIterator> it(new DataServiceIterator(node, address));
+    ClientSecurity security = SecurityOf(node);
+    SLUICE_ASSIGN_OR_RETURN(auto channel, internal::MakeSecureChannel(address, security));
+    std::unique_ptr<DataServiceIterator> it(
+        new DataServiceIterator(node, address, std::move(security), std::move(channel)));
     const int64_t timeout = node.dispatcher_timeout_ms();
     std::string dataset_id = node.dataset_id();
     if (node.has_dataset()) {
@@ -202,14 +218,18 @@ class DataServiceIterator final : public Iterator {
     std::set<int64_t> beyond;
   };
 
-  DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address)
+  DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address,
+                      ClientSecurity security, std::shared_ptr<grpc::Channel> channel)
       : node_(node),
         address_(std::move(address)),
+        security_(std::move(security)),
+        max_element_bytes_(node.max_element_bytes() > 0 ? node.max_element_bytes()
+                                                        : kDefaultMaxElementBytes),
         coordinated_(node.num_consumers() > 0),
         mode_(internal::ParseProcessingMode(node.processing_mode())
                   .value_or(proto::PROCESSING_MODE_UNSPECIFIED)),
         distributed_(mode_ == proto::DISTRIBUTED_EPOCH),
-        stub_(proto::DispatcherService::NewStub(internal::MakeChannel(address_))) {}
+        stub_(proto::DispatcherService::NewStub(std::move(channel))) {}
 
   // The transport to a task's worker: UCX when both sides want it (with
   // gRPC as the fallback), gRPC otherwise.
@@ -221,11 +241,12 @@ class DataServiceIterator final : public Iterator {
         spdlog::warn("sluice client: worker {} serves elements over gRPC only; using gRPC",
                      info.worker_address());
       }
-      return MakeGrpcElementTransport(info.worker_address());
+      return MakeGrpcElementTransport(info.worker_address(), security_, max_element_bytes_);
     }
-    auto grpc = MakeGrpcElementTransport(info.worker_address());
+    auto grpc = MakeGrpcElementTransport(info.worker_address(), security_, max_element_bytes_);
     if (!grpc.ok()) return grpc.status();
-    auto u = MakeUcxElementTransport(info.transfer_address());
+    auto u = MakeUcxElementTransport(info.transfer_address(), security_.auth_token,
+                                     max_element_bytes_);
     if (!u.ok()) {
       if (node_.no_grpc_fallback()) return u.status();
       spdlog::warn("sluice client: cannot use UCX to worker {} ({}); falling back to gRPC",
@@ -603,6 +624,8 @@ class DataServiceIterator final : public Iterator {
 
   const proto::DatasetNode::DataService node_;
   const std::string address_;
+  const ClientSecurity security_;  // for the dispatcher and every worker
+  const int64_t max_element_bytes_;
   const bool coordinated_;
   const proto::ProcessingMode mode_;
   const bool distributed_;
@@ -690,6 +713,10 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
   if (o.dispatcher_timeout_ms <= 0) {
     return absl::InvalidArgumentError("Distribute: dispatcher_timeout_ms must be > 0");
   }
+  if (o.max_element_bytes <= 0) {
+    return absl::InvalidArgumentError("Distribute: max_element_bytes must be > 0");
+  }
+  SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(o.auth_token, "Distribute"));
   return absl::OkStatus();
 }
 
@@ -708,6 +735,11 @@ proto::DatasetNode MakeNode(const DistributeOptions& o) {
   d->set_numa_node(o.numa_node);
   d->set_cpu_list(o.cpu_list);
   d->set_gpu_pci_bus_id(o.gpu_pci_bus_id);
+  d->set_tls_cert_file(o.tls.cert_file);
+  d->set_tls_key_file(o.tls.key_file);
+  d->set_tls_ca_file(o.tls.ca_file);
+  d->set_auth_token(o.auth_token);
+  d->set_max_element_bytes(o.max_element_bytes);
   return n;
 }
 
@@ -740,17 +772,41 @@ Dataset Dataset::FromDatasetId(const std::string& processing_mode, const std::st
   return internal::MakeDataServiceDataset(std::move(n), nullptr);
 }
 
-absl::StatusOr<std::string> RegisterDataset(const std::string& service, const Dataset& dataset,
-                                            int64_t timeout_ms) {
+namespace {
+
+absl::StatusOr<std::string> RegisterWith(const std::string& service, const Dataset& dataset,
+                                         const ClientSecurity& security, int64_t timeout_ms) {
   SLUICE_RETURN_IF_ERROR(dataset.status());
+  if (ContainsDataService(*dataset.rep()->analysis)) {
+    // Its Distribute options (the auth token among them) stay in this process.
+    return absl::InvalidArgumentError(
+        "RegisterDataset: the pipeline contains a Distribute; register the part before it");
+  }
   SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(service));
-  auto stub = proto::DispatcherService::NewStub(internal::MakeChannel(address));
+  SLUICE_ASSIGN_OR_RETURN(auto channel, internal::MakeSecureChannel(address, security));
+  auto stub = proto::DispatcherService::NewStub(channel);
   proto::RegisterDatasetRequest req;
   *req.mutable_dataset() = dataset.def();
   proto::RegisterDatasetResponse resp;
   SLUICE_RETURN_IF_ERROR(Call(stub.get(), &proto::DispatcherService::Stub::RegisterDataset, req,
                               &resp, address, timeout_ms));
   return resp.dataset_id();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RegisterDataset(const std::string& service, const Dataset& dataset,
+                                            int64_t timeout_ms) {
+  ClientSecurity security;
+  security.auth_token = internal::ClientAuthToken("");
+  return RegisterWith(service, dataset, security, timeout_ms);
+}
+
+absl::StatusOr<std::string> RegisterDataset(const Dataset& dataset,
+                                            const DistributeOptions& options) {
+  SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(options.auth_token, "RegisterDataset"));
+  ClientSecurity security{options.tls, internal::ClientAuthToken(options.auth_token)};
+  return RegisterWith(options.service, dataset, security, options.dispatcher_timeout_ms);
 }
 
 DataServiceStats GetDataServiceStats() {

@@ -35,6 +35,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "sluice/control/security.h"
 #include "sluice/dataset/dataset.h"
 
 namespace sluice {
@@ -83,12 +84,27 @@ struct DistributeOptions {
   // be reached within this long; an iterator whose dispatcher stays
   // unreachable this long fails the same way.
   int64_t dispatcher_timeout_ms = 10000;
+  // TLS to the dispatcher and to workers' gRPC servers: ca_file verifies
+  // them (empty: system roots); cert_file/key_file are this client's
+  // certificate, needed when the service uses mutual TLS. Empty: plain text.
+  TlsConfig tls;
+  // The service's shared secret, sent to the dispatcher and to every worker
+  // (gRPC metadata and UCX requests). Empty: $SLUICE_AUTH_TOKEN if set,
+  // else none. See docs/security.md.
+  std::string auth_token;
+  // A reply carrying a larger element (or batch) fails the iterator with
+  // ResourceExhausted instead of being received.
+  int64_t max_element_bytes = kDefaultMaxElementBytes;
 };
 
 // Registers `dataset` with the service and returns its id (identical
-// definitions get the same id).
+// definitions get the same id). This form uses plain-text gRPC and
+// $SLUICE_AUTH_TOKEN; the second takes the service, TLS, token and timeout
+// from `options`.
 absl::StatusOr<std::string> RegisterDataset(const std::string& service, const Dataset& dataset,
                                             int64_t timeout_ms = 10000);
+absl::StatusOr<std::string> RegisterDataset(const Dataset& dataset,
+                                            const DistributeOptions& options);
 
 // Process-wide counters of the data-service client.
 struct DataServiceStats {

@@ -11,6 +11,7 @@
 #include "sluice/control/dispatcher_metrics.h"
 #include "sluice/control/grpc_util.h"
 #include "sluice/core/metrics.h"
+#include "sluice/control/security_internal.h"
 #include "sluice/core/status.h"
 #include "control/service.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -21,19 +22,23 @@ namespace {
 
 using internal::ToGrpcStatus;
 
-// Forwards each RPC to DispatcherImpl and converts the status.
+// Forwards each RPC to DispatcherImpl and converts the status. Every RPC
+// first checks the auth token (when the config sets one).
 class DispatcherService final : public proto::DispatcherService::Service {
  public:
-  explicit DispatcherService(internal::DispatcherImpl* impl) : impl_(impl) {}
+  DispatcherService(internal::DispatcherImpl* impl, const DispatcherConfig& config)
+      : impl_(impl), auth_token_(config.auth_token),
+        max_dataset_def_bytes_(config.max_dataset_def_bytes) {}
 
 #define SLUICE_FORWARD_RPC_(Name)                                                       \
-  grpc::Status Name(grpc::ServerContext*, const proto::Name##Request* req,             \
+  grpc::Status Name(grpc::ServerContext* ctx, const proto::Name##Request* req,         \
                     proto::Name##Response* resp) override {                            \
+    grpc::Status auth = internal::CheckAuthToken(*ctx, auth_token_, "dispatcher");     \
+    if (!auth.ok()) return auth;                                                        \
     return ToGrpcStatus(impl_->Name(*req, resp));                                       \
   }
   SLUICE_FORWARD_RPC_(WorkerHeartbeat)
   SLUICE_FORWARD_RPC_(WorkerUpdate)
-  SLUICE_FORWARD_RPC_(RegisterDataset)
   SLUICE_FORWARD_RPC_(GetDatasetDef)
   SLUICE_FORWARD_RPC_(GetOrCreateJob)
   SLUICE_FORWARD_RPC_(GetOrCreateIteration)
@@ -45,8 +50,26 @@ class DispatcherService final : public proto::DispatcherService::Service {
   SLUICE_FORWARD_RPC_(GetSplit)
 #undef SLUICE_FORWARD_RPC_
 
+  grpc::Status RegisterDataset(grpc::ServerContext* ctx, const proto::RegisterDatasetRequest* req,
+                               proto::RegisterDatasetResponse* resp) override {
+    grpc::Status auth = internal::CheckAuthToken(*ctx, auth_token_, "dispatcher");
+    if (!auth.ok()) return auth;
+    const size_t bytes = req->dataset().ByteSizeLong();
+    if (bytes > static_cast<size_t>(max_dataset_def_bytes_)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("the dataset definition has ", bytes,
+                                       " bytes; this dispatcher accepts at most ",
+                                       max_dataset_def_bytes_,
+                                       " (DispatcherConfig::max_dataset_def_bytes). Large "
+                                       "constant tensors belong in files the pipeline reads"));
+    }
+    return ToGrpcStatus(impl_->RegisterDataset(*req, resp));
+  }
+
  private:
   internal::DispatcherImpl* impl_;
+  const std::string auth_token_;
+  const int64_t max_dataset_def_bytes_;
 };
 
 }  // namespace
@@ -89,6 +112,16 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
     }
   }
   SLUICE_RETURN_IF_ERROR(internal::ValidateWorkerAddresses(config.worker_addresses));
+  SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(config.auth_token, "dispatcher"));
+  if (config.max_request_bytes <= 0 || config.max_request_bytes > internal::kMaxGrpcMessageBytes ||
+      config.max_dataset_def_bytes <= 0 ||
+      config.max_dataset_def_bytes > config.max_request_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "need 0 < max_dataset_def_bytes <= max_request_bytes <= ", internal::kMaxGrpcMessageBytes,
+        "; got max_dataset_def_bytes=", config.max_dataset_def_bytes,
+        ", max_request_bytes=", config.max_request_bytes));
+  }
+  SLUICE_ASSIGN_OR_RETURN(auto creds, internal::MakeServerCredentials(config.tls, "dispatcher"));
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->dispatcher = std::make_unique<internal::DispatcherImpl>(config);
@@ -98,12 +131,12 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
     spdlog::warn("dispatcher: work_dir {} is not used without fault_tolerant_mode",
                  config.work_dir);
   }
-  impl->service = std::make_unique<DispatcherService>(impl->dispatcher.get());
+  impl->service = std::make_unique<DispatcherService>(impl->dispatcher.get(), config);
   grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;
-  internal::ConfigureServerBuilder(&builder);
+  internal::ConfigureServerBuilder(&builder, static_cast<int>(config.max_request_bytes));
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &impl->port);
+  builder.AddListeningPort(listen, creds, &impl->port);
   builder.RegisterService(impl->service.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
@@ -133,7 +166,11 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
       raw->dispatcher->Tick();
     }
   });
-  spdlog::info("dispatcher: serving on {}:{}", config.bind_address, impl->port);
+  spdlog::info("dispatcher: serving on {}:{} ({}{})", config.bind_address, impl->port,
+               !config.tls.enabled()         ? "plain-text gRPC"
+               : config.tls.ca_file.empty() ? "TLS"
+                                            : "mutual TLS",
+               config.auth_token.empty() ? ", no auth token" : ", auth token required");
   return std::unique_ptr<DispatchServer>(new DispatchServer(std::move(impl)));
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sluice/control/security.h"
 
 namespace sluice {
 
@@ -50,6 +51,17 @@ struct DispatcherConfig {
   // Prometheus metrics at http://<bind_address>:<metrics_port>/metrics
   // (docs/observability.md): -1 off, 0 picks a free port.
   int metrics_port = -1;
+  // TLS for the gRPC service (empty: plain text); with tls.ca_file set,
+  // workers and clients must present certificates signed by it.
+  TlsConfig tls;
+  // Shared secret every RPC must carry (workers' heartbeats included);
+  // empty: no authentication. See docs/security.md.
+  std::string auth_token;
+  // Largest request accepted (gRPC refuses larger ones with
+  // ResourceExhausted), and largest dataset definition RegisterDataset
+  // accepts (InvalidArgument); the second must not exceed the first.
+  int64_t max_request_bytes = kDefaultMaxRequestBytes;
+  int64_t max_dataset_def_bytes = kDefaultMaxDatasetDefBytes;
 };
 
 class DispatchServer {

@@ -10,8 +10,12 @@
 #include "absl/time/time.h"
 #include "control/service.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "sluice/control/security.h"
 
 namespace sluice::internal {
+
+// Largest message on the wire (an encoded element plus framing).
+inline constexpr int kMaxGrpcMessageBytes = 2047 * 1024 * 1024;
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 
@@ -28,15 +32,38 @@ absl::StatusOr<std::string> ParseServiceAddress(const std::string& address);
 // A channel with sluice's message-size limits and keepalive settings.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& host_port);
 
-// Applies sluice's limits to a server being built.
-void ConfigureServerBuilder(grpc::ServerBuilder* builder);
+// As MakeChannel, over TLS when security.tls is enabled, and sending
+// security.auth_token (if any) with every call. InvalidArgument when a TLS
+// file cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeSecureChannel(
+    const std::string& host_port, const ClientSecurity& security,
+    int max_receive_bytes = kMaxGrpcMessageBytes);
+
+// Applies sluice's limits to a server being built: requests larger than
+// `max_receive_bytes` are refused by gRPC with ResourceExhausted.
+void ConfigureServerBuilder(grpc::ServerBuilder* builder,
+                            int max_receive_bytes = kMaxGrpcMessageBytes);
+
+// Server credentials: insecure when `tls` is not enabled; else TLS with
+// cert_file/key_file, and mutual TLS (client certificates required and
+// verified) when ca_file is set. `who` names the server in errors.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsConfig& tls, absl::string_view who);
+
+// The token travels as "authorization: Bearer <token>" call metadata.
+inline constexpr char kAuthMetadataKey[] = "authorization";
+inline constexpr char kAuthScheme[] = "Bearer ";
+
+// The per-RPC check of a service that requires `expected` (empty: no
+// auth). Every RPC handler of an authenticated service calls it first; a
+// service that must stay open (grpc.health.v1) simply does not.
+// Unauthenticated, naming `who`, when the call lacks the token.
+grpc::Status CheckAuthToken(const grpc::ServerContext& ctx, const std::string& expected,
+                            absl::string_view who);
 
 // Deadline helper for client contexts.
 inline void SetTimeout(grpc::ClientContext* ctx, absl::Duration d) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
 }
-
-// Largest message on the wire (an encoded element plus framing).
-inline constexpr int kMaxGrpcMessageBytes = 2047 * 1024 * 1024;
 
 }  // namespace sluice::internal

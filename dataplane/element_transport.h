@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sluice/control/security.h"
 #include "sluice/core/tensor.h"
 
 namespace sluice {
@@ -72,14 +73,19 @@ class ElementTransport {
   virtual std::string protocol() const = 0;
 };
 
-// A transport over the worker's gRPC WorkerService at "host:port".
+// A transport over the worker's gRPC WorkerService at "host:port", over TLS
+// when security.tls is enabled and sending security.auth_token.
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
-    const std::string& address);
+    const std::string& address, const ClientSecurity& security = {},
+    int64_t max_element_bytes = kDefaultMaxElementBytes);
 
 // A UCX endpoint to a worker's UCX listener at "host:port" (elements land
-// in the process's preregistered receive pool).
+// in the process's preregistered receive pool). `auth_token` goes in every
+// request; a worker that requires another answers Unauthenticated. UCX
+// traffic is not encrypted (docs/security.md).
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address);
+    const std::string& address, const std::string& auth_token = "",
+    int64_t max_element_bytes = kDefaultMaxElementBytes);
 
 // `primary` (UCX) until it fails with Unavailable/DeadlineExceeded before
 // ever delivering a reply (it could not connect); then `fallback` (gRPC)

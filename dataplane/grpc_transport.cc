@@ -16,9 +16,8 @@ namespace {
 
 class GrpcElementTransport final : public ElementTransport {
  public:
-  explicit GrpcElementTransport(std::string address)
-      : address_(std::move(address)),
-        stub_(proto::WorkerService::NewStub(internal::MakeChannel(address_))) {}
+  GrpcElementTransport(std::string address, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)), stub_(proto::WorkerService::NewStub(std::move(channel))) {}
 
   absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override
       ABSL_LOCKS_EXCLUDED(mu_) {
@@ -138,19 +137,26 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
 
 namespace internal {
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address);
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes);
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address) {
-  return internal::MakeUcxElementTransport(address);
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes) {
+  return internal::MakeUcxElementTransport(address, auth_token, max_element_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
-    const std::string& address) {
+    const std::string& address, const ClientSecurity& security, int64_t max_element_bytes) {
   auto parsed = internal::ParseServiceAddress(address);
   if (!parsed.ok()) return parsed.status();
-  return std::unique_ptr<ElementTransport>(new GrpcElementTransport(*parsed));
+  if (max_element_bytes <= 0) return absl::InvalidArgumentError("max_element_bytes must be > 0");
+  // The response carries one frame plus a few fields.
+  const int max_receive = static_cast<int>(
+      std::min<int64_t>(max_element_bytes + 4096, internal::kMaxGrpcMessageBytes));
+  auto channel = internal::MakeSecureChannel(*parsed, security, max_receive);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<ElementTransport>(
+      new GrpcElementTransport(*parsed, *std::move(channel)));
 }
 
 }  // namespace sluice

@@ -1,7 +1,7 @@
 // The UCX element transfer protocol (active messages), version 3. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
-// data; its header (64 bytes, little-endian) followed by ack_count acks:
+// data; its header (64 bytes, little-endian), the token, then the acks:
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'G' 'E'                            |
@@ -13,10 +13,18 @@
 //   | 40     | 8    | wait_ms: how long the worker may wait            |
 //   | 48     | 4    | max_elements per reply (>= 1)                    |
 //   | 52     | 4    | max_bytes: frame bytes a batch may total         |
-//   | 56     | 4    | ack_count (<= kMaxAcksPerRequest)                |
+//   | 56     | 2    | token_len (<= kMaxAuthTokenBytes; 0: no token)   |
+//   | 58     | 2    | ack_count (<= kMaxAcksPerRequest)                |
 //   | 60     | 4    | reserved (0)                                     |
-//   | 64     | 16*n | acks: split_id, count (each 8 bytes): the client |
-//   |        |      | received count more elements of that split       |
+//   | 64     | t    | the auth token (the service's shared secret)     |
+//   | 64+t   | 16*n | acks (distributed_epoch): split_id, count (each  |
+//   |        |      | 8 bytes): the client received count more         |
+//   |        |      | elements of that split from the task             |
+// A worker with an auth token answers a request whose token differs (by a
+// constant-time compare) with an error reply, code Unauthenticated; a
+// request with another version but the right magic gets an error reply,
+// code FailedPrecondition; anything shorter or without magic is dropped.
+// Version 3 added the token and the acks (version 2 had a 56-byte header).
 //
 // Worker -> client: AM kElementAm on the reply endpoint; header (56 bytes)
 // followed by `inline_len` bytes:
@@ -87,7 +95,8 @@ struct RequestHeader {
   int64_t wait_ms;
   uint32_t max_elements;
   uint32_t max_bytes;
-  uint32_t ack_count;
+  uint16_t token_len;
+  uint16_t ack_count;
   uint32_t reserved;
 };
 static_assert(sizeof(RequestHeader) == 64);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "sluice/core/frame.h"
+#include "sluice/control/security_internal.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"
@@ -106,10 +107,14 @@ struct UcxElementServer::Impl {
   std::string address;
   std::set<ucp_ep_h> eps;  // progress thread only
 
+  std::string auth_token;  // empty: no auth
+  std::atomic<int64_t> refusals{0};
+
   struct Job {
     ucp_ep_h ep;
     ElementRequest request;
     uint64_t request_id;
+    absl::Status refusal;  // not OK: answer with this error, do not serve
   };
   absl::Mutex mu;
   std::deque<Job> jobs ABSL_GUARDED_BY(mu);
@@ -141,25 +146,74 @@ struct UcxElementServer::Impl {
     self->eps.insert(ep);
   }
 
+  // Queues `job` for a serving thread (progress thread).
+  void Enqueue(Job job) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock l(&mu);
+    jobs.push_back(std::move(job));
+  }
+
+  // Answers a request it will not serve with `error` (progress thread).
+  void Refuse(ucp_ep_h ep, uint64_t request_id, absl::Status error) {
+    if (refusals++ % 1000 == 0) {
+      spdlog::warn("worker ucx {}: refused a request: {}", address, std::string(error.message()));
+    }
+    Job job{};
+    job.ep = ep;
+    job.request_id = request_id;
+    job.refusal = std::move(error);
+    Enqueue(std::move(job));
+  }
+
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    RequestHeader h;
-    if (header_length < sizeof(RequestHeader) ||
-        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    const bool can_reply = param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+    // magic, version and request_id sit at the same offsets in every version.
+    constexpr size_t kCommonPrefix = 16;
+    if (header_length < kCommonPrefix || !can_reply) {
       spdlog::warn("worker ucx: dropped a malformed request ({} header bytes)", header_length);
       return UCS_OK;
     }
-    std::memcpy(&h, header, sizeof(h));
-    if (h.magic != ucx::kRequestMagic || h.version != ucx::kProtocolVersion) {
-      spdlog::warn("worker ucx: dropped a request with bad magic/version");
+    uint32_t magic, version;
+    uint64_t request_id;
+    std::memcpy(&magic, header, 4);
+    std::memcpy(&version, static_cast<const uint8_t*>(header) + 4, 4);
+    std::memcpy(&request_id, static_cast<const uint8_t*>(header) + 8, 8);
+    if (magic != ucx::kRequestMagic) {
+      spdlog::warn("worker ucx: dropped a request with bad magic");
       return UCS_OK;
     }
-    if (h.ack_count > kMaxAcksPerRequest ||
-        header_length != sizeof(RequestHeader) + h.ack_count * sizeof(ucx::AckEntry)) {
-      spdlog::warn("worker ucx: dropped a request with {} header bytes for {} acks",
-                   header_length, h.ack_count);
+    if (version != ucx::kProtocolVersion) {
+      self->Refuse(param->reply_ep, request_id,
+                   absl::FailedPreconditionError(absl::StrCat(
+                       "worker ", self->address, " speaks UCX element protocol version ",
+                       ucx::kProtocolVersion, ", the client ", version,
+                       "; run the same sluice version on both")));
       return UCS_OK;
+    }
+    RequestHeader h;
+    if (header_length < sizeof(h)) {
+      self->Refuse(param->reply_ep, request_id,
+                   absl::InvalidArgumentError("malformed UCX request: header too short"));
+      return UCS_OK;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    if (h.token_len > kMaxAuthTokenBytes || h.ack_count > kMaxAcksPerRequest ||
+        header_length != sizeof(h) + h.token_len + h.ack_count * sizeof(ucx::AckEntry)) {
+      self->Refuse(param->reply_ep, request_id,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       "malformed UCX request: ", header_length, " header bytes for a ",
+                       h.token_len, "-byte token and ", h.ack_count, " acks")));
+      return UCS_OK;
+    }
+    if (!self->auth_token.empty()) {
+      absl::string_view token(static_cast<const char*>(header) + sizeof(h), h.token_len);
+      if (!ConstantTimeEquals(token, self->auth_token)) {
+        self->Refuse(param->reply_ep, request_id,
+                     absl::UnauthenticatedError(AuthRefusal(
+                         absl::StrCat("worker ", self->address), h.token_len > 0)));
+        return UCS_OK;
+      }
     }
     Job job;
     job.ep = param->reply_ep;
@@ -171,14 +225,13 @@ struct UcxElementServer::Impl {
     job.request.max_elements =
         std::clamp<int64_t>(h.max_elements, 1, ucx::kMaxBatchElements);
     job.request.max_bytes = h.max_bytes;
-    const auto* acks = static_cast<const uint8_t*>(header) + sizeof(RequestHeader);
+    const auto* acks = static_cast<const uint8_t*>(header) + sizeof(RequestHeader) + h.token_len;
     for (uint32_t i = 0; i < h.ack_count; ++i) {
       ucx::AckEntry a;
       std::memcpy(&a, acks + i * sizeof(a), sizeof(a));
       job.request.acks.push_back({a.split_id, a.count});
     }
-    absl::MutexLock l(&self->mu);
-    self->jobs.push_back(job);
+    self->Enqueue(std::move(job));
     return UCS_OK;
   }
 
@@ -193,7 +246,8 @@ struct UcxElementServer::Impl {
         job = jobs.front();
         jobs.pop_front();
       }
-      auto r = source(job.request);
+      auto r = job.refusal.ok() ? source(job.request)
+                                : absl::StatusOr<ServedBatch>(job.refusal);
       auto out = std::make_shared<Outgoing>();
       out->reply.resize(sizeof(ReplyHeader));
       ReplyHeader h{};
@@ -318,7 +372,7 @@ UcxElementServer::~UcxElementServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
     const std::string& host_port, ElementSource source, int threads,
-    DataPlanePlacement placement) {
+    DataPlanePlacement placement, std::string auth_token) {
   sockaddr_storage ss;
   socklen_t len;
   absl::Status ps = ucx::ParseSockaddr(host_port, &ss, &len);
@@ -330,6 +384,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
   if (!worker.ok()) return worker.status();
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);
+  impl->auth_token = std::move(auth_token);
   impl->worker = *std::move(worker);
   impl->send_pool =
       std::make_shared<SlotPool>(*ctx, &SendPoolBytes, &SendPoolStats(), std::move(placement));

@@ -61,10 +61,12 @@ using ElementSource = std::function<absl::StatusOr<ServedBatch>(const ElementReq
 class UcxElementServer {
  public:
   // Listens on "host:port" (port 0 picks one).
-  // `placement` binds the send pool and the progress thread.
+  // `placement` binds the send pool and the progress thread. A non-empty
+  // `auth_token` is required in every request (ucx_protocol.h); requests
+  // without it get an Unauthenticated error reply and never reach `source`.
   static absl::StatusOr<std::unique_ptr<UcxElementServer>> Start(
       const std::string& host_port, ElementSource source, int threads = 4,
-      DataPlanePlacement placement = {});
+      DataPlanePlacement placement = {}, std::string auth_token = "");
   ~UcxElementServer();
   // The bound "host:port" clients connect to.
   std::string address() const;

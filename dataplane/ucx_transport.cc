@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "sluice/control/security.h"
 #include "sluice/core/frame.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
@@ -86,6 +87,8 @@ struct Pending {
   size_t header_bytes = 0;  // split frame: the inline header in front
   size_t data_size = 0;     // bytes received after header_bytes
   SplitPosition position;   // of a single element
+  uint64_t max_element_bytes = 0;  // a larger reply is refused unreceived
+  std::string peer;                // the worker's address, for errors
 };
 
 class UcxClient;
@@ -242,6 +245,15 @@ class UcxClient {
       Complete(p, std::move(r));
       return drop();
     }
+    if (length > p->max_element_bytes) {
+      // Never allocate what a (bogus or hostile) reply claims beyond the
+      // limit; the data is released unreceived.
+      Complete(p, absl::ResourceExhaustedError(absl::StrCat(
+                      "worker ", p->peer, " sent a ", length,
+                      "-byte element reply; this client accepts at most ", p->max_element_bytes,
+                      " (DistributeOptions::max_element_bytes)")));
+      return drop();
+    }
     p->kind = h.flags & (ucx::kReplySplitFrame | ucx::kReplyBatch);
     if (p->kind == (ucx::kReplySplitFrame | ucx::kReplyBatch) ||
         (p->kind == ucx::kReplySplitFrame && (inline_len == 0 || inline_len % 64 != 0))) {
@@ -305,13 +317,23 @@ std::atomic<UcxClient*> g_client{nullptr};
 
 class UcxElementTransport final : public ElementTransport {
  public:
-  static absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const std::string& address) {
+  static absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const std::string& address,
+                                                                   const std::string& token,
+                                                                   int64_t max_element_bytes) {
+    if (token.size() > kMaxAuthTokenBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("auth token longer than ", kMaxAuthTokenBytes, " bytes"));
+    }
+    if (max_element_bytes <= 0) {
+      return absl::InvalidArgumentError("max_element_bytes must be > 0");
+    }
     SLUICE_ASSIGN_OR_RETURN(UcxClient * client, UcxClient::Get());
     sockaddr_storage ss;
     socklen_t len;
     absl::Status ps = ucx::ParseSockaddr(address, &ss, &len);
     if (!ps.ok()) return ps;
-    std::unique_ptr<UcxElementTransport> t(new UcxElementTransport(client, address));
+    std::unique_ptr<UcxElementTransport> t(
+        new UcxElementTransport(client, address, token, max_element_bytes));
     absl::Status status;
     UcxElementTransport* raw = t.get();
     client->worker()->Run([&] {
@@ -359,6 +381,8 @@ class UcxElementTransport final : public ElementTransport {
       absl::SleepFor(absl::Milliseconds(2));
     }
     auto p = std::make_shared<Pending>();
+    p->max_element_bytes = static_cast<uint64_t>(max_element_bytes_);
+    p->peer = address_;
     {
       absl::MutexLock l(&mu_);
       if (cancelled_) return absl::CancelledError("transport cancelled");
@@ -375,15 +399,15 @@ class UcxElementTransport final : public ElementTransport {
         std::clamp<int64_t>(request.max_elements, 1, ucx::kMaxBatchElements));
     h.max_bytes = static_cast<uint32_t>(
         std::clamp<int64_t>(request.max_bytes, 0, std::numeric_limits<uint32_t>::max()));
-    h.ack_count = static_cast<uint32_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
-    // The header and its acks, sent as one AM header.
-    std::vector<uint8_t> wire(sizeof(h) + h.ack_count * sizeof(ucx::AckEntry));
+    h.token_len = static_cast<uint16_t>(token_.size());
+    h.ack_count = static_cast<uint16_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
+    std::string acks(h.ack_count * sizeof(ucx::AckEntry), '\0');
     for (uint32_t i = 0; i < h.ack_count; ++i) {
       const ucx::AckEntry a{request.acks[i].split_id, request.acks[i].count};
-      std::memcpy(wire.data() + sizeof(h) + i * sizeof(a), &a, sizeof(a));
+      std::memcpy(acks.data() + i * sizeof(a), &a, sizeof(a));
     }
     UcxElementTransport* raw = this;
-    client_->worker()->Post([raw, p, h, wire = std::move(wire)]() mutable {
+    client_->worker()->Post([raw, p, h, acks = std::move(acks)]() mutable {
       if (raw->ep_ == nullptr || !raw->error_.ok()) {
         p->Complete(raw->error_.ok() ? absl::UnavailableError("endpoint closed") : raw->error_);
         return;
@@ -391,15 +415,18 @@ class UcxElementTransport final : public ElementTransport {
       h.request_id = raw->client_->Register(p);
       p->id = h.request_id;
       raw->mine_[h.request_id] = p;
-      std::memcpy(wire.data(), &h, sizeof(h));
-      auto* hdr = new std::vector<uint8_t>(std::move(wire));
+      // The header, the token, then the acks (ucx_protocol.h); kept until sent.
+      auto* hdr = new std::string(sizeof(h) + raw->token_.size(), '\0');
+      std::memcpy(hdr->data(), &h, sizeof(h));
+      std::memcpy(hdr->data() + sizeof(h), raw->token_.data(), raw->token_.size());
+      hdr->append(acks);
       ucp_request_param_t rp{};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_FLAGS;
       rp.flags = UCP_AM_SEND_FLAG_REPLY;
       rp.user_data = hdr;
       rp.cb.send = [](void* req, ucs_status_t, void* user_data) {
-        delete static_cast<std::vector<uint8_t>*>(user_data);
+        delete static_cast<std::string*>(user_data);
         ucp_request_free(req);
       };
       ucs_status_ptr_t st = ucp_am_send_nbx(raw->ep_, ucx::kGetElementAm, hdr->data(),
@@ -443,8 +470,10 @@ class UcxElementTransport final : public ElementTransport {
   std::string protocol() const override { return "ucx"; }
 
  private:
-  UcxElementTransport(UcxClient* client, std::string address)
-      : client_(client), address_(std::move(address)) {}
+  UcxElementTransport(UcxClient* client, std::string address, std::string token,
+                      int64_t max_element_bytes)
+      : client_(client), address_(std::move(address)), token_(std::move(token)),
+        max_element_bytes_(max_element_bytes) {}
 
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* self = static_cast<UcxElementTransport*>(arg);
@@ -462,6 +491,8 @@ class UcxElementTransport final : public ElementTransport {
 
   UcxClient* client_;
   const std::string address_;
+  const std::string token_;  // sent in every request; empty: none
+  const int64_t max_element_bytes_;
   // Progress thread only:
   ucp_ep_h ep_ = nullptr;
   absl::Status error_;
@@ -475,8 +506,8 @@ class UcxElementTransport final : public ElementTransport {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address) {
-  return UcxElementTransport::Connect(address);
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes) {
+  return UcxElementTransport::Connect(address, auth_token, max_element_bytes);
 }
 
 }  // namespace internal

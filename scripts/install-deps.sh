@@ -21,6 +21,7 @@ PACKAGES=(
   zlib1g-dev
   gnuplot-nox
   python3 python3-yaml shellcheck prometheus
+  openssl               # tests generate throwaway TLS certificates
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)

@@ -4,6 +4,7 @@
 #include "CLI/CLI.hpp"
 #include "sluice/core/logging.h"
 #include "sluice/worker/worker_server.h"
+#include "tools/security_flags.h"
 #include "tools/signal_wait.h"
 
 int main(int argc, char** argv) {
@@ -44,9 +45,12 @@ int main(int argc, char** argv) {
   app.add_option("--log_format", log_format,
                  "text, or json: one JSON object per line (default: $SLUICE_LOG_FORMAT, else text)")
       ->check(CLI::IsMember({"text", "json"}));
+  std::string token_file;
+  sluice::tools::AddSecurityFlags(app, &c.tls, &token_file, &c.max_request_bytes);
   CLI11_PARSE(app, argc, argv);
   sluice::InitLoggingFromEnv("sluice-worker");
   if (!log_format.empty()) (void)sluice::SetLogFormat(log_format, "sluice-worker");  // checked above
+  if (!sluice::tools::LoadAuthToken(token_file, &c.auth_token)) return 2;
 
   return sluice::tools::ServeUntilSignal("sluice-worker", port_file,
                                          [&] { return sluice::WorkerServer::Start(c); },

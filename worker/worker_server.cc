@@ -18,6 +18,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "sluice/control/grpc_util.h"
 #include "sluice/core/metrics.h"
+#include "sluice/control/security_internal.h"
+#include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/dataplane/ucx_server.h"
@@ -134,9 +136,13 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     return batch;
   }
 
+  std::string WhoAmI() const { return absl::StrCat("worker ", address); }
+
   // The gRPC data path: one element per call (the tf.data baseline).
   grpc::Status GetElement(grpc::ServerContext* ctx, const proto::GetElementRequest* req,
                           proto::GetElementResponse* resp) override {
+    grpc::Status auth = internal::CheckAuthToken(*ctx, config.auth_token, WhoAmI());
+    if (!auth.ok()) return auth;
     ElementRequest r;
     r.task_id = req->task_id();
     r.consumer_index = req->consumer_index();
@@ -167,8 +173,10 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetWorkerTasks(grpc::ServerContext*, const proto::GetWorkerTasksRequest*,
+  grpc::Status GetWorkerTasks(grpc::ServerContext* ctx, const proto::GetWorkerTasksRequest*,
                               proto::GetWorkerTasksResponse* resp) override {
+    grpc::Status auth = internal::CheckAuthToken(*ctx, config.auth_token, WhoAmI());
+    if (!auth.ok()) return auth;
     absl::MutexLock l(&mu);
     for (const auto& [id, t] : tasks) *resp->add_tasks() = t->def();
     return grpc::Status::OK;
@@ -274,6 +282,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     return absl::InvalidArgumentError(
         "heartbeat_interval_ms, dispatcher_timeout_ms and task_buffer_elements must be > 0");
   }
+  SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(config.auth_token, "worker"));
+  if (config.max_request_bytes <= 0 || config.max_request_bytes > internal::kMaxGrpcMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("worker max_request_bytes must be in 1..",
+                                                   internal::kMaxGrpcMessageBytes));
+  }
+  SLUICE_ASSIGN_OR_RETURN(auto server_creds, internal::MakeServerCredentials(config.tls, "worker"));
+  ClientSecurity to_dispatcher{config.tls, config.auth_token};
+  SLUICE_ASSIGN_OR_RETURN(auto dispatcher_channel,
+                          internal::MakeSecureChannel(*dispatcher, to_dispatcher));
   for (const std::string& p : config.plugins) {
     absl::Status s = LoadPlugin(p);
     if (!s.ok() && !absl::IsAlreadyExists(s)) return s;
@@ -301,9 +318,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;
-  internal::ConfigureServerBuilder(&builder);
+  internal::ConfigureServerBuilder(&builder, static_cast<int>(config.max_request_bytes));
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &impl->port);
+  builder.AddListeningPort(listen, server_creds, &impl->port);
   builder.RegisterService(impl.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
@@ -331,7 +348,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
           return served;
         },
         16,
-        impl->placement);
+        impl->placement, config.auth_token);
     if (ucx.ok()) {
       impl->ucx = *std::move(ucx);
       impl->transfer_protocol = "ucx";
@@ -353,7 +370,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     }
     impl->metrics = *std::move(metrics);
   }
-  impl->dispatcher = proto::DispatcherService::NewStub(internal::MakeChannel(*dispatcher));
+  impl->dispatcher = proto::DispatcherService::NewStub(dispatcher_channel);
   // Register now, so that an unreachable dispatcher fails Start clearly.
   absl::Status s = impl->Heartbeat(absl::ZeroDuration(),
                                    absl::Milliseconds(config.dispatcher_timeout_ms), true);
@@ -371,8 +388,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   Impl* raw = impl.get();
   impl->heartbeat = std::thread([raw] { raw->HeartbeatLoop(); });
   impl->server->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info("worker: serving on {} (elements over {} at {}; dispatcher {})", impl->address,
-               impl->transfer_protocol, impl->transfer_address, *dispatcher);
+  spdlog::info("worker: serving on {} (elements over {} at {}; dispatcher {}; {}{})",
+               impl->address, impl->transfer_protocol, impl->transfer_address, *dispatcher,
+               !config.tls.enabled()         ? "plain-text gRPC"
+               : config.tls.ca_file.empty() ? "TLS"
+                                            : "mutual TLS",
+               config.auth_token.empty() ? ", no auth token" : ", auth token required");
   if (impl->metrics) {
     spdlog::info("worker: metrics at http://{}:{}/metrics", config.bind_address,
                  impl->metrics->port());
@@ -381,6 +402,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
 }
 
 std::string WorkerServer::address() const { return impl_->address; }
+std::string WorkerServer::transfer_address() const { return impl_->transfer_address; }
 int WorkerServer::port() const { return impl_->port; }
 int WorkerServer::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : -1; }
 

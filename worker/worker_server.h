@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sluice/control/security.h"
 
 namespace sluice {
 
@@ -46,6 +47,16 @@ struct WorkerConfig {
   // Prometheus metrics at http://<bind_address>:<metrics_port>/metrics
   // (docs/observability.md): -1 off, 0 picks a free port.
   int metrics_port = -1;
+  // TLS for the worker's gRPC server (cert_file/key_file; ca_file: require
+  // client certificates) and for its channel to the dispatcher (ca_file
+  // verifies the dispatcher; cert_file/key_file are its client
+  // certificate). Empty: plain text. UCX traffic is not encrypted.
+  TlsConfig tls;
+  // Shared secret: sent to the dispatcher, and required from clients on
+  // both data paths (gRPC metadata, UCX request header). Empty: none.
+  std::string auth_token;
+  // Largest gRPC request the worker's server accepts.
+  int64_t max_request_bytes = kDefaultWorkerMaxRequestBytes;
 };
 
 class WorkerServer {
@@ -57,6 +68,9 @@ class WorkerServer {
 
   // The advertised "host:port".
   std::string address() const;
+  // Where clients read elements: the UCX listener's "host:port", or
+  // address() when elements are served over gRPC.
+  std::string transfer_address() const;
   int port() const;
   // The metrics endpoint's port; -1 when WorkerConfig::metrics_port is -1.
   int metrics_port() const;

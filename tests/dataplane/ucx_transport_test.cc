@@ -292,5 +292,69 @@ TEST(UcxFallbackTest, UnreachableUcxFallsBackOrFailsAsConfigured) {
   }
 }
 
+// A worker with an auth token serves only requests that carry it; the
+// others get an Unauthenticated reply (never a hang) and never reach the
+// element source.
+TEST(UcxAuthTest, RequestsWithoutTheWorkersTokenAreRefused) {
+  std::atomic<int> served{0};
+  auto server = UcxElementServer::Start(
+      "127.0.0.1:0",
+      [&](const ElementRequest&) {
+        served++;
+        ServedBatch out;
+        out.end_of_sequence = true;
+        return absl::StatusOr<ServedBatch>(out);
+      },
+      2, {}, "s3cret-token");
+  ASSERT_OK(server);
+  ElementRequest req;
+  req.wait = absl::ZeroDuration();
+  for (const std::string token : {"", "wrong-token", "s3cret-toke", "s3cret-token-"}) {
+    ASSERT_OK_AND_ASSIGN(auto t, MakeUcxElementTransport((*server)->address(), token));
+    auto r = t->GetElement(req);
+    EXPECT_STATUS(r, absl::StatusCode::kUnauthenticated,
+                  token.empty() ? "no auth token" : "wrong auth token");
+  }
+  EXPECT_EQ(served.load(), 0);
+  ASSERT_OK_AND_ASSIGN(auto good, MakeUcxElementTransport((*server)->address(), "s3cret-token"));
+  auto r = good->GetElement(req);
+  ASSERT_OK(r);
+  EXPECT_TRUE(r->end_of_sequence);
+  EXPECT_EQ(served.load(), 1);
+  // A token is not required by a server without one.
+  auto open = UcxElementServer::Start("127.0.0.1:0", [](const ElementRequest&) {
+    ServedBatch out;
+    out.end_of_sequence = true;
+    return absl::StatusOr<ServedBatch>(out);
+  });
+  ASSERT_OK(open);
+  ASSERT_OK_AND_ASSIGN(auto any, MakeUcxElementTransport((*open)->address(), "whatever"));
+  EXPECT_OK(any->GetElement(req));
+}
+
+// A reply announcing more than the client's max_element_bytes is refused
+// before anything is allocated for it.
+TEST(UcxLimitTest, OversizedReplyIsRefusedWithAClearError) {
+  auto server = UcxElementServer::Start("127.0.0.1:0", [](const ElementRequest&) {
+    ServedBatch out;
+    auto f = internal::EncodeServedFrame({Pattern(size_t{1} << 20, 7)},
+                                         internal::HeapFrameAllocator());
+    if (!f.ok()) return absl::StatusOr<ServedBatch>(f.status());
+    out.frames.push_back(*std::move(f));
+    return absl::StatusOr<ServedBatch>(out);
+  });
+  ASSERT_OK(server);
+  ElementRequest req;
+  ASSERT_OK_AND_ASSIGN(auto small,
+                       MakeUcxElementTransport((*server)->address(), "", int64_t{64} << 10));
+  EXPECT_STATUS(small->GetElement(req), absl::StatusCode::kResourceExhausted,
+                "max_element_bytes");
+  ASSERT_OK_AND_ASSIGN(auto big, MakeUcxElementTransport((*server)->address()));
+  auto r = big->GetElement(req);
+  ASSERT_OK(r);
+  ASSERT_EQ(r->elements.size(), 1u);
+  EXPECT_EQ(r->elements[0][0].byte_size(), size_t{1} << 20);
+}
+
 }  // namespace
 }  // namespace sluice

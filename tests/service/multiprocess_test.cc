@@ -43,6 +43,7 @@
 #include "sluice/client/distribute.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
+#include "tests/service/security_test_util.h"
 #include "tests/test_util.h"
 
 namespace sluice {
@@ -63,28 +64,7 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// A per-test scratch directory under ::testing::TempDir(), removed at the end.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = ::testing::TempDir();
-    if (tmpl.empty() || tmpl.back() != '/') tmpl += '/';
-    tmpl += "sluice_mp_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (mkdtemp(buf.data()) != nullptr) path_ = buf.data();
-  }
-  ~ScratchDir() {
-    if (path_.empty()) return;
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  bool ok() const { return !path_.empty(); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using ::sluice_test::ScratchDir;
 
 // One child process: started with fork/execv, stdout+stderr to `log_path`.
 // The destructor SIGKILLs and reaps it if it is still unreaped.
@@ -678,6 +658,62 @@ TEST_F(MultiProcessTest, DispatcherCommandLine) {
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << DescribeWaitStatus(*st);
   EXPECT_THAT(help->log(), HasSubstr("--worker_timeout_ms"));
   EXPECT_THAT(help->log(), HasSubstr("--port_file"));
+}
+
+// The binaries' security flags: mutual TLS (--tls_cert/--tls_key/--tls_ca)
+// and the token (--auth_token_file) on a real dispatcher and worker.
+TEST_F(MultiProcessTest, MutualTlsAndTokenFromTheCommandLine) {
+  sluice_test::Pki pki;
+  ASSERT_OK(sluice_test::MakePki(scratch_.path(), &pki));
+  {
+    std::ofstream f(scratch_.File("token"));
+    f << "mp-secret\n";
+  }
+  const std::vector<std::string> flags = {
+      "--tls_cert", pki.server.cert_file, "--tls_key", pki.server.key_file,
+      "--tls_ca",   pki.server.ca_file,   "--auth_token_file", scratch_.File("token")};
+  ASSERT_OK(StartCluster(1, flags, flags));
+  Watchdog watchdog(absl::Seconds(120), "MutualTlsAndTokenFromTheCommandLine",
+                    [this] { KillAllChildren(); });
+  DistributeOptions opt;
+  opt.service = absl::StrCat("grpc://127.0.0.1:", dispatcher_port_);
+  opt.tls = pki.client;
+  opt.auth_token = "mp-secret";
+  std::vector<int64_t> values;
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10).Distribute(opt).MakeIterator());
+    ASSERT_OK(Drain(*it, &values));
+  }
+  std::sort(values.begin(), values.end());
+  EXPECT_THAT(values, ElementsAreArray({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  opt.auth_token = "not-it";
+  EXPECT_EQ(Dataset::Range(10).Distribute(opt).MakeIterator().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // A worker with another token cannot register: it exits with the reason.
+  {
+    std::ofstream f(scratch_.File("other_token"));
+    f << "other\n";
+  }
+  std::vector<std::string> bad = {"--dispatcher", absl::StrCat("127.0.0.1:", dispatcher_port_),
+                                  "--tls_cert", pki.server.cert_file, "--tls_key",
+                                  pki.server.key_file, "--tls_ca", pki.server.ca_file,
+                                  "--auth_token_file", scratch_.File("other_token")};
+  ChildProcess* w = Spawn("bad_worker", SLUICE_WORKER_BIN, bad);
+  ASSERT_NE(w, nullptr);
+  auto st = w->WaitForExit(kExitDeadline);
+  ASSERT_TRUE(st.has_value()) << "a worker with the wrong token kept running";
+  EXPECT_FALSE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
+  EXPECT_THAT(w->log(), HasSubstr("wrong auth token"));
+  // An empty token file is refused at start.
+  { std::ofstream f(scratch_.File("empty_token")); }
+  ChildProcess* d = Spawn("empty_token_dispatcher", SLUICE_DISPATCHER_BIN,
+                          {"--port", "0", "--auth_token_file", scratch_.File("empty_token")});
+  ASSERT_NE(d, nullptr);
+  st = d->WaitForExit(kExitDeadline);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_FALSE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
+  EXPECT_THAT(d->log(), HasSubstr("is empty"));
+  watchdog.Disarm();
 }
 
 }  // namespace
