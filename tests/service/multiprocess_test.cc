@@ -39,6 +39,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "control/service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/client/distribute.h"
 #include "sluice/dataset/dataset.h"
@@ -86,7 +88,8 @@ class ScratchDir {
   std::string path_;
 };
 
-// One child process: started with fork/execv, stdout+stderr to `log_path`.
+// One child process: started with fork/execv, stdout+stderr to `log_path`
+// (stdout to `stdout_path` instead when that is given).
 // The destructor SIGKILLs and reaps it if it is still unreaped.
 class ChildProcess {
  public:
@@ -98,7 +101,8 @@ class ChildProcess {
 
   // Starts `path args...`. Everything the child needs is prepared before fork
   // so the child calls only async-signal-safe functions until execv.
-  absl::Status Start(const std::string& path, const std::vector<std::string>& args) {
+  absl::Status Start(const std::string& path, const std::vector<std::string>& args,
+                     const std::string& stdout_path = "") {
     std::vector<std::string> argv_s = {path};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
@@ -107,6 +111,7 @@ class ChildProcess {
     command_ = absl::StrJoin(argv_s, " ");
     const pid_t parent = getpid();
     const char* log = log_path_.c_str();
+    const char* out = stdout_path.empty() ? nullptr : stdout_path.c_str();
     absl::MutexLock l(&mu_);
     pid_t pid = fork();
     if (pid < 0) return absl::InternalError(absl::StrCat("fork failed: ", strerror(errno)));
@@ -121,6 +126,10 @@ class ChildProcess {
       if (fd >= 0) {
         dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);
+      }
+      if (out != nullptr) {
+        int ofd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (ofd >= 0) dup2(ofd, STDOUT_FILENO);
       }
       int devnull = open("/dev/null", O_RDONLY);
       if (devnull >= 0) dup2(devnull, STDIN_FILENO);
@@ -210,6 +219,62 @@ int UnusedLoopbackPort() {
   return port;
 }
 
+// The complete lines of `path` so far (a trailing partial line is left out).
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::string text = ReadFile(path);
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(text.substr(start, nl - start));
+  }
+  return lines;
+}
+
+// Polls `done` every 20 ms until it holds; DeadlineExceeded naming `what`
+// after `timeout` (a hang guard, never a performance threshold).
+absl::Status WaitUntil(const std::function<bool()>& done, absl::Duration timeout,
+                       const std::string& what) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, " did not happen within ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+// The dispatcher's GetWorkers: each worker and how many tasks it holds.
+absl::StatusOr<proto::GetWorkersResponse> GetWorkers(const std::string& dispatcher) {
+  auto stub = proto::DispatcherService::NewStub(
+      grpc::CreateChannel(dispatcher, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::GetWorkersResponse resp;
+  grpc::Status s = stub->GetWorkers(&ctx, proto::GetWorkersRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("GetWorkers at ", dispatcher));
+  return resp;
+}
+
+// The worker's GetWorkerTasks: the tasks it runs now.
+absl::StatusOr<proto::GetWorkerTasksResponse> GetWorkerTasks(const std::string& worker) {
+  auto stub = proto::WorkerService::NewStub(
+      grpc::CreateChannel(worker, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::GetWorkerTasksResponse resp;
+  grpc::Status s = stub->GetWorkerTasks(&ctx, proto::GetWorkerTasksRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("GetWorkerTasks at ", worker));
+  return resp;
+}
+
 // Fires if not disarmed in time: reports, SIGKILLs the children (which makes
 // a hung client fail instead of hanging), and aborts if the test still does
 // not finish.
@@ -263,10 +328,10 @@ class MultiProcessTest : public ::testing::Test {
   }
 
   ChildProcess* Spawn(const std::string& name, const std::string& path,
-                      const std::vector<std::string>& args) {
+                      const std::vector<std::string>& args, const std::string& stdout_path = "") {
     children_.push_back(std::make_unique<ChildProcess>(name, scratch_.File(name + ".log")));
     ChildProcess* c = children_.back().get();
-    absl::Status s = c->Start(path, args);
+    absl::Status s = c->Start(path, args, stdout_path);
     EXPECT_TRUE(s.ok()) << name << ": " << s;
     return s.ok() ? c : nullptr;
   }
@@ -325,6 +390,7 @@ class MultiProcessTest : public ::testing::Test {
       auto wport = WaitForPort(workers_[i], scratch_.File(absl::StrCat("worker", i, ".port")),
                                deadline);
       if (!wport.ok()) return wport.status();
+      worker_ports_.push_back(*wport);
     }
     return absl::OkStatus();
   }
@@ -359,6 +425,7 @@ class MultiProcessTest : public ::testing::Test {
   int dispatcher_port_ = 0;  // set before StartCluster: serve on this port
   std::vector<std::string> dispatcher_args_;
   int dispatcher_restarts_ = 0;
+  std::vector<int> worker_ports_;
 };
 
 // Reads `it` to the end, appending the scalar int64 values to `out`, calling
@@ -595,6 +662,79 @@ TEST_F(MultiProcessTest, DispatcherKilledAndRestartedParallelEpochsContinues) {
   std::vector<int64_t> second;
   ASSERT_OK(Drain(*again, &second));
   EXPECT_EQ(second.size(), 2 * kN);
+// kill -9 of a client process: it never calls ReleaseIterationClient, so the
+// dispatcher must notice on its own (no client heartbeat for
+// client_timeout_ms), release it, collect the iteration once no client has
+// read it for job_gc_timeout_ms, and have the worker delete the task.
+// Observed as a user could: the dispatcher's log, GetWorkers (the
+// dispatcher's task count per worker), the worker's GetWorkerTasks, and a
+// newcomer to the job's iteration being refused.
+TEST_F(MultiProcessTest, ClientKilledWithoutReleaseHasItsIterationCollected) {
+  ASSERT_OK(StartCluster(1,
+                         {"--client_timeout_ms", "1000", "--job_gc_check_interval_ms", "100",
+                          "--job_gc_timeout_ms", "1000"},
+                         {"--heartbeat_interval_ms", "200"}));
+  Watchdog watchdog(absl::Seconds(120), "ClientKilledWithoutReleaseHasItsIterationCollected",
+                    [this] { KillAllChildren(); });
+  const std::string dispatcher = absl::StrCat("127.0.0.1:", dispatcher_port_);
+  const std::string worker = absl::StrCat("127.0.0.1:", worker_ports_[0]);
+  // A dataset far longer than the test; the client stops reading after 20
+  // elements (it never sees the resume file) but stays alive, heartbeating.
+  const std::vector<std::string> client_args = {
+      "--service", ServiceTarget(), "--mode", "parallel_epochs", "--range", "1000000000",
+      "--job_name", "killed_client", "--pause_after", "20", "--resume_file",
+      scratch_.File("never")};
+  const std::string out = scratch_.File("client.out");
+  ChildProcess* client = Spawn("client", SLUICE_TEST_CLIENT_BIN, client_args, out);
+  ASSERT_NE(client, nullptr);
+  ASSERT_OK(WaitUntil([&] { return ReadLines(out).size() >= 20 || client->TryReap(); },
+                      absl::Seconds(60), "the client printing 20 elements"));
+  ASSERT_FALSE(client->TryReap().has_value()) << "the client exited early:\n" << client->log();
+
+  // While it reads: one task, on the dispatcher and on the worker.
+  ASSERT_OK_AND_ASSIGN(auto workers, GetWorkers(dispatcher));
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).num_tasks(), 1);
+  ASSERT_OK_AND_ASSIGN(auto tasks, GetWorkerTasks(worker));
+  EXPECT_EQ(tasks.tasks_size(), 1);
+
+  client->KillAndReap();  // SIGKILL: no release
+
+  ASSERT_OK(WaitUntil(
+      [&] { return dispatcher_->log().find("timed out after 1000 ms; releasing it") !=
+                   std::string::npos; },
+      absl::Seconds(60), "the dispatcher releasing the killed client"));
+  int64_t dispatcher_tasks = -1;
+  absl::Status collected = WaitUntil(
+      [&] {
+        auto w = GetWorkers(dispatcher);
+        dispatcher_tasks = w.ok() && w->workers_size() == 1 ? w->workers(0).num_tasks() : -1;
+        return dispatcher_tasks == 0;
+      },
+      absl::Seconds(60), "the dispatcher collecting the iteration (GetWorkers num_tasks 0)");
+  ASSERT_TRUE(collected.ok()) << collected << "; num_tasks " << dispatcher_tasks;
+  int64_t worker_tasks = -1;
+  absl::Status deleted = WaitUntil(
+      [&] {
+        auto t = GetWorkerTasks(worker);
+        worker_tasks = t.ok() ? t->tasks_size() : -1;
+        return worker_tasks == 0;
+      },
+      absl::Seconds(60), "the worker deleting the task (GetWorkerTasks empty)");
+  ASSERT_TRUE(deleted.ok()) << deleted << "; tasks " << worker_tasks;
+
+  // The collected iteration is gone for good: a newcomer to it is refused.
+  ChildProcess* late = Spawn("late_client", SLUICE_TEST_CLIENT_BIN, client_args,
+                             scratch_.File("late_client.out"));
+  ASSERT_NE(late, nullptr);
+  auto st = late->WaitForExit(absl::Seconds(60));
+  ASSERT_TRUE(st.has_value()) << "the late client did not exit";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << DescribeWaitStatus(*st);
+  EXPECT_THAT(late->log(), HasSubstr("was garbage-collected"));
+  watchdog.Disarm();
+  ASSERT_FALSE(watchdog.fired());
+  EXPECT_FALSE(workers_[0]->TryReap().has_value()) << "the worker died";
+  EXPECT_FALSE(dispatcher_->TryReap().has_value()) << "the dispatcher died";
 }
 
 // A UDF the client has (it loaded the plugin) but the workers do not: the
@@ -620,6 +760,7 @@ TEST_F(MultiProcessTest, DatasetThatFailsToValidateOnTheWorkerIsInvalidArgument)
   // A fresh cluster whose workers load the plugin (stale port files go).
   KillAllChildren();
   workers_.clear();
+  worker_ports_.clear();
   for (const char* f : {"dispatcher.port", "worker0.port", "worker1.port"}) {
     std::filesystem::remove(scratch_.File(f));
   }
