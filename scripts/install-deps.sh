@@ -21,6 +21,7 @@ PACKAGES=(
   zlib1g-dev
   gnuplot-nox
   python3 python3-yaml shellcheck prometheus
+  iproute2             # ip netns: the fault tests' private networks (tests/service/fault_test.cc)
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)
