@@ -22,6 +22,7 @@ PACKAGES=(
   gnuplot-nox
   python3 python3-yaml shellcheck prometheus
   openssl               # tests generate throwaway TLS certificates
+  iproute2             # ip netns: the fault tests' private networks (tests/service/fault_test.cc)
 )
 if [ "${1:-}" = "--fuzz" ]; then
   PACKAGES+=(clang libclang-rt-14-dev)

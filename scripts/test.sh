@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds sluice and runs every test.
 #
-#   scripts/test.sh             default build + ctest, then the ASan/UBSan build + ctest
+#   scripts/test.sh             default build + ctest, the fault tests 5 more times,
+#                               then the ASan/UBSan build + ctest
 #   SLUICE_ASAN=0 scripts/test.sh   skip the sanitizer pass
+#   SLUICE_FAULT_REPEAT=N           repeat the fault tests N times (default 5; 0 skips)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -19,6 +21,14 @@ run_preset() {
 }
 
 run_preset default
+# The fault tests (ctest label `fault`: processes killed, links cut) again,
+# each until it fails, at most SLUICE_FAULT_REPEAT times: a flake there is a
+# bug to fix, not to retry.
+FAULT_REPEAT=${SLUICE_FAULT_REPEAT:-5}
+if [ "$FAULT_REPEAT" != "0" ]; then
+  echo "== sluice: fault tests x$FAULT_REPEAT (default)"
+  ctest --preset default -L fault --repeat "until-fail:$FAULT_REPEAT" -j "$JOBS"
+fi
 if [ "${SLUICE_ASAN:-1}" != "0" ]; then
   run_preset asan
 fi
