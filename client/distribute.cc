@@ -179,6 +179,7 @@ class DataServiceIterator final : public Iterator {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return !results_.empty() || !error_.ok() || DoneLocked();
     };
+    if (!ready() && results_.empty() && ReadAllLocked()) NudgeHeartbeatLocked();
     mu_.Await(absl::Condition(&ready));
     if (!results_.empty()) {
       std::vector<Element>& batch = results_.front();
@@ -257,12 +258,27 @@ class DataServiceIterator final : public Iterator {
                                  !node_.no_grpc_fallback());
   }
 
-  bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Every task this client knows was read to its end (or lost), nothing is
+  // in flight, and the dispatcher said the iteration finished.
+  bool ReadAllLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!iteration_finished_ || in_flight_ > 0) return false;
     for (const auto& [id, t] : tasks_) {
       if (!t.end_of_sequence && !t.lost) return false;
     }
     return true;
+  }
+
+  // The end, confirmed with the dispatcher: the client read everything
+  // and told the dispatcher so at the version it had seen finished (a
+  // worker that joined meanwhile would have given it a task to read).
+  bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return confirmed_end_; }
+
+  // Next() waits for the end: cut the heartbeat's long poll short so that
+  // the end is confirmed at once.
+  void NudgeHeartbeatLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (nudged_) return;
+    nudged_ = true;
+    if (heartbeat_ctx_ != nullptr) heartbeat_ctx_->TryCancel();
   }
 
   void StartThreads() {
@@ -278,10 +294,15 @@ class DataServiceIterator final : public Iterator {
     proto::ClientHeartbeatRequest req;
     req.set_iteration_client_id(client_id_);
     grpc::ClientContext ctx;
-    internal::SetTimeout(&ctx, wait + absl::Seconds(5));
+    bool at_end;
     {
       absl::MutexLock l(&mu_);
       if (stop_) return absl::CancelledError("stopping");
+      // Read to the end (the user took every element): ask to end.
+      at_end = ReadAllLocked() && results_.empty();
+      if (at_end) wait = absl::ZeroDuration();
+      internal::SetTimeout(&ctx, wait + absl::Seconds(5));
+      req.set_at_end(at_end);
       req.set_known_version(version_);
       req.set_wait_ms(absl::ToInt64Milliseconds(wait));
       req.set_current_round(coordinated_ ? next_round_ : -1);
@@ -293,6 +314,10 @@ class DataServiceIterator final : public Iterator {
     absl::MutexLock l(&mu_);
     heartbeat_ctx_ = nullptr;
     if (!s.ok()) return internal::FromGrpcStatus(s, absl::StrCat("heartbeat to ", address_));
+    if (at_end && resp.iteration_finished() && resp.version() == req.known_version()) {
+      confirmed_end_ = true;  // the dispatcher recorded it at this same state
+    }
+    nudged_ = false;
     version_ = resp.version();
     for (const proto::TaskInfo& info : resp.tasks()) {
       auto it = tasks_.find(info.task_id());
@@ -375,8 +400,9 @@ class DataServiceIterator final : public Iterator {
       absl::Status s = Heartbeat(kHeartbeatWait);
       absl::MutexLock l(&mu_);
       if (stop_ || !error_.ok() || DoneLocked()) return;
-      if (s.ok()) {
+      if (s.ok() || (absl::IsCancelled(s) && nudged_)) {  // a nudge cut the poll short
         failing_since = absl::InfiniteFuture();
+        nudged_ = false;
         continue;
       }
       if (absl::IsNotFound(s)) {  // our iteration client was released or timed out
@@ -643,6 +669,8 @@ class DataServiceIterator final : public Iterator {
   int64_t rr_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
   bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool confirmed_end_ ABSL_GUARDED_BY(mu_) = false;  // see DoneLocked()
+  bool nudged_ ABSL_GUARDED_BY(mu_) = false;         // see NudgeHeartbeatLocked()
   bool warned_no_ucx_ ABSL_GUARDED_BY(mu_) = false;
   // Bumped when a request completes or a buffered reply is consumed.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;

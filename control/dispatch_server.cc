@@ -37,18 +37,28 @@ class DispatcherService final : public proto::DispatcherService::Service {
     if (!auth.ok()) return auth;                                                        \
     return ToGrpcStatus(impl_->Name(*req, resp));                                       \
   }
-  SLUICE_FORWARD_RPC_(WorkerHeartbeat)
   SLUICE_FORWARD_RPC_(WorkerUpdate)
   SLUICE_FORWARD_RPC_(GetDatasetDef)
   SLUICE_FORWARD_RPC_(GetOrCreateJob)
   SLUICE_FORWARD_RPC_(GetOrCreateIteration)
-  SLUICE_FORWARD_RPC_(ClientHeartbeat)
   SLUICE_FORWARD_RPC_(ReleaseIterationClient)
   SLUICE_FORWARD_RPC_(GetWorkers)
   SLUICE_FORWARD_RPC_(GetDataServiceMetadata)
   SLUICE_FORWARD_RPC_(GetDataServiceConfig)
-  SLUICE_FORWARD_RPC_(GetSplit)
 #undef SLUICE_FORWARD_RPC_
+
+  // Long polls: the dispatcher stops waiting once the caller goes away.
+#define SLUICE_FORWARD_LONG_POLL_(Name)                                                 \
+  grpc::Status Name(grpc::ServerContext* ctx, const proto::Name##Request* req,         \
+                    proto::Name##Response* resp) override {                            \
+    grpc::Status auth = internal::CheckAuthToken(*ctx, auth_token_, "dispatcher");     \
+    if (!auth.ok()) return auth;                                                        \
+    return ToGrpcStatus(impl_->Name(*req, resp, [ctx] { return ctx->IsCancelled(); })); \
+  }
+  SLUICE_FORWARD_LONG_POLL_(WorkerHeartbeat)
+  SLUICE_FORWARD_LONG_POLL_(ClientHeartbeat)
+  SLUICE_FORWARD_LONG_POLL_(GetSplit)
+#undef SLUICE_FORWARD_LONG_POLL_
 
   grpc::Status RegisterDataset(grpc::ServerContext* ctx, const proto::RegisterDatasetRequest* req,
                                proto::RegisterDatasetResponse* resp) override {
@@ -71,6 +81,20 @@ class DispatcherService final : public proto::DispatcherService::Service {
   const std::string auth_token_;
   const int64_t max_dataset_def_bytes_;
 };
+
+// Before a worker registers, its gRPC address and (UCX) data address must
+// accept a TCP connection within half the worker timeout (at most 2 s).
+absl::Status ProbeWorker(const proto::WorkerHeartbeatRequest& req, int64_t worker_timeout_ms) {
+  const absl::Duration timeout =
+      std::min(absl::Seconds(2), absl::Milliseconds(worker_timeout_ms) / 2);
+  SLUICE_RETURN_IF_ERROR(internal::ProbeTcp(req.worker_address(), timeout));
+  if (req.transfer_protocol() == "ucx" && !req.transfer_address().empty() &&
+      req.transfer_address() != req.worker_address()) {
+    absl::Status s = internal::ProbeTcp(req.transfer_address(), timeout);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("its UCX data address: ", s.message()));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -122,9 +146,14 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
         ", max_request_bytes=", config.max_request_bytes));
   }
   SLUICE_ASSIGN_OR_RETURN(auto creds, internal::MakeServerCredentials(config.tls, "dispatcher"));
+  internal::RouteLibraryLogs();
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  impl->dispatcher = std::make_unique<internal::DispatcherImpl>(config);
+  const int64_t worker_timeout_ms = config.worker_timeout_ms;
+  impl->dispatcher = std::make_unique<internal::DispatcherImpl>(
+      config, absl::Now, [worker_timeout_ms](const proto::WorkerHeartbeatRequest& req) {
+        return ProbeWorker(req, worker_timeout_ms);
+      });
   if (config.fault_tolerant_mode) {
     SLUICE_RETURN_IF_ERROR(impl->dispatcher->OpenJournal());
   } else if (!config.work_dir.empty()) {
@@ -140,8 +169,7 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
   builder.RegisterService(impl->service.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
-    return absl::UnavailableError(absl::StrCat("dispatcher cannot listen on ", listen,
-                                               " (address in use or not local?)"));
+    return internal::ListenError("dispatcher", config.bind_address, config.port);
   }
   if (config.metrics_port >= 0) {
     internal::DispatcherImpl* d = impl->dispatcher.get();
@@ -156,9 +184,11 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
     spdlog::info("dispatcher: metrics at http://{}:{}/metrics", config.bind_address,
                  impl->metrics->port());
   }
-  // Timeouts are checked at least four times per timeout period.
-  int64_t tick_ms = std::min({config.job_gc_check_interval_ms, config.worker_timeout_ms / 4,
-                              config.client_timeout_ms / 4});
+  // Timeouts are checked ten times per timeout period and at least every
+  // 250 ms, so a silent worker is declared lost within worker_timeout_ms +
+  // 250 ms of its last heartbeat.
+  int64_t tick_ms = std::min({config.job_gc_check_interval_ms, config.worker_timeout_ms / 10,
+                              config.client_timeout_ms / 10, int64_t{250}});
   tick_ms = std::max<int64_t>(tick_ms, 5);
   Impl* raw = impl.get();
   impl->maintenance = std::thread([raw, tick_ms] {

@@ -38,15 +38,19 @@ struct DispatcherConfig {
   // distributed_epoch: a Range source is split into sub-ranges of this many
   // elements (FromTensors: one element per split; ListFiles: one file).
   int64_t range_split_elements = 32;
-  // How often timeouts and garbage collection are checked.
+  // How often garbage collection is checked (timeouts are checked at least
+  // every 250 ms, and ten times per timeout).
   int64_t job_gc_check_interval_ms = 1000;
   // An iteration no client has read for this long is collected and its
   // tasks deleted on the workers. Finished or anonymous iterations are
   // collected as soon as their last client leaves.
   int64_t job_gc_timeout_ms = 60000;
-  // A worker without a heartbeat for this long is considered lost.
+  // A worker without a heartbeat for this long is considered lost (its
+  // tasks too): within worker_timeout_ms + 250 ms of its last heartbeat,
+  // whatever its heartbeat interval, since the dispatcher holds a long-poll
+  // heartbeat at most worker_timeout_ms / 3 (docs/service.md, "Liveness").
   int64_t worker_timeout_ms = 10000;
-  // A client without a heartbeat for this long is released.
+  // A client without a heartbeat for this long is released (same rules).
   int64_t client_timeout_ms = 30000;
   // Prometheus metrics at http://<bind_address>:<metrics_port>/metrics
   // (docs/observability.md): -1 off, 0 picks a free port.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
@@ -95,10 +96,47 @@ absl::Status ValidateWorkerAddresses(const std::vector<std::string>& patterns) {
   return absl::OkStatus();
 }
 
-DispatcherImpl::DispatcherImpl(DispatcherConfig config, Clock clock)
+DispatcherImpl::DispatcherImpl(DispatcherConfig config, Clock clock, WorkerProbe probe)
     : config_(std::move(config)),
       clock_(std::move(clock)),
+      probe_(std::move(probe)),
       shard_claims_(config_.worker_addresses.size()) {}
+
+absl::Duration DispatcherImpl::MaxWorkerWait() const {
+  return absl::Milliseconds(config_.worker_timeout_ms) / kLongPollTimeoutFraction;
+}
+
+absl::Duration DispatcherImpl::MaxClientWait() const {
+  return absl::Milliseconds(config_.client_timeout_ms) / kLongPollTimeoutFraction;
+}
+
+bool DispatcherImpl::AwaitLocked(const absl::Condition& cond, absl::Duration timeout,
+                                 const IsCancelled& cancelled) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (cancelled && cancelled()) return false;
+    absl::Duration slice = deadline - absl::Now();
+    if (cancelled) slice = std::min(slice, kCancelCheckInterval);
+    if (slice <= absl::ZeroDuration() || mu_.AwaitWithTimeout(cond, slice)) {
+      return !(cancelled && cancelled());
+    }
+  }
+}
+
+absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRequest& req) {
+  SLUICE_RETURN_IF_ERROR(ValidateDialableAddress(req.worker_address(), "worker_address"));
+  const std::string& protocol = req.transfer_protocol();
+  if (!protocol.empty() && protocol != "grpc" && protocol != "ucx") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", req.worker_address(), ": unknown transfer_protocol '",
+                     absl::CHexEscape(protocol.substr(0, 64)), "'; expected grpc or ucx"));
+  }
+  if (!req.transfer_address().empty()) {
+    SLUICE_RETURN_IF_ERROR(ValidateDialableAddress(
+        req.transfer_address(), absl::StrCat("worker ", req.worker_address(), ": transfer_address")));
+  }
+  return absl::OkStatus();
+}
 
 void DispatcherImpl::Shutdown() {
   absl::MutexLock l(&mu_);
@@ -299,6 +337,7 @@ std::vector<std::string> DispatcherImpl::SnapshotLocked() {
     u->set_client_id(id);
     u->set_iteration_id(c.iteration_id);
     u->set_consumer_index(c.consumer_index);
+    if (c.at_end) add()->mutable_client_at_end()->set_client_id(id);
   }
   for (const auto& [addr, index] : gone) add()->mutable_remove_worker()->set_address(addr);
   for (size_t i = 0; i < shard_claims_.size(); ++i) {
@@ -404,9 +443,14 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       w.protocol = r.transfer_protocol();
       w.index = r.index();
       w.last_heartbeat = clock_();
-      if (!workers_.emplace(w.address, std::move(w)).second) {
-        return absl::AlreadyExistsError(absl::StrCat("worker ", r.address(), " is registered"));
+      auto known = workers_.find(r.address());
+      if (known != workers_.end()) {
+        // Registered again (it restarted): new addresses, same index.
+        known->second.transfer_address = r.transfer_address();
+        known->second.protocol = r.transfer_protocol();
+        return absl::OkStatus();
       }
+      workers_.emplace(w.address, std::move(w));
       if (config_.worker_addresses.empty()) {
         next_worker_index_ = std::max(next_worker_index_, r.index() + 1);
       } else if (r.index() >= 0 && r.index() < static_cast<int64_t>(shard_claims_.size())) {
@@ -465,6 +509,11 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
     case proto::JournalUpdate::kRemoveClient:
       RemoveClientLocked(u.remove_client().client_id());
       return absl::OkStatus();
+    case proto::JournalUpdate::kClientAtEnd: {
+      auto c = clients_.find(u.client_at_end().client_id());
+      if (c != clients_.end()) c->second.at_end = true;
+      return absl::OkStatus();
+    }
     case proto::JournalUpdate::kCollectIteration: {
       const int64_t id = u.collect_iteration().iteration_id();
       SLUICE_RETURN_IF_ERROR(MustExist(iterations_, id, "iteration"));
@@ -641,7 +690,7 @@ std::string DispatcherImpl::DurableStateString() {
   }
   for (const auto& [id, c] : clients_) {
     absl::StrAppend(&out, "client ", id, " it=", c.iteration_id, " consumer=", c.consumer_index,
-                    "\n");
+                    " at_end=", c.at_end, "\n");
   }
   absl::StrAppend(&out, "shard_claims=", absl::StrJoin(shard_claims_, ","), "\n");
   return out;
@@ -698,6 +747,7 @@ absl::Status DispatcherImpl::CreateTaskLocked(const proto::CreateTaskUpdate& u) 
   w.pending_new.push_back(std::move(def));
   w.tasks.insert(t.id);
   it.tasks.insert(t.id);
+  it.finished = false;  // a late joiner's task runs
   ++it.version;
   next_id_ = std::max(next_id_, t.id + 1);
   tasks_.emplace(t.id, std::move(t));
@@ -749,6 +799,16 @@ void DispatcherImpl::FinishTaskLocked(Task& t, bool lost) {
   UpdateFinishedLocked(it->second);
 }
 
+bool DispatcherImpl::AcceptsTasksLocked(const Iteration& it) {
+  if (it.collected) return false;
+  if (!it.finished) return true;
+  for (int64_t id : it.clients) {
+    auto c = clients_.find(id);
+    if (c != clients_.end() && !c->second.at_end) return true;
+  }
+  return false;
+}
+
 void DispatcherImpl::UpdateFinishedLocked(Iteration& it) {
   if (it.finished || it.tasks.empty()) return;
   std::set<int64_t> completed_shards;
@@ -757,6 +817,10 @@ void DispatcherImpl::UpdateFinishedLocked(Iteration& it) {
     if (!t.completed && !t.lost) return;
     if (t.completed) completed_shards.insert(t.shard);
   }
+  // Every task was lost before producing all its data: the iteration
+  // waits for a worker to join (or come back) and take it on, as tf.data
+  // does, rather than ending short.
+  if (completed_shards.empty()) return;
   // Static sharding: an iteration ends only once every shard was read to
   // its end (a lost worker's shard waits for a worker to take it again).
   if (StaticShardingOf(jobs_.at(it.job_id).mode) &&
@@ -768,13 +832,57 @@ void DispatcherImpl::UpdateFinishedLocked(Iteration& it) {
 }
 
 absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
-                                             proto::WorkerHeartbeatResponse* resp) {
+                                             proto::WorkerHeartbeatResponse* resp,
+                                             const IsCancelled& cancelled) {
   if (req.worker_address().empty()) {
     return absl::InvalidArgumentError("WorkerHeartbeat: worker_address is empty");
   }
   const std::string& addr = req.worker_address();
+  const std::string transfer_address =
+      req.transfer_address().empty() ? addr : req.transfer_address();
+  const std::string protocol = req.transfer_protocol().empty() ? "grpc" : req.transfer_protocol();
+  // New, or known but back with other addresses (it restarted): check it.
+  // (A known worker's heartbeat without addresses leaves them as they are.)
+  auto moved = [&](const Worker& w) {
+    return (!req.transfer_address().empty() && w.transfer_address != transfer_address) ||
+           (!req.transfer_protocol().empty() && w.protocol != protocol);
+  };
+  bool check;
+  {
+    absl::MutexLock l(&mu_);
+    auto w = workers_.find(addr);
+    check = w == workers_.end() || moved(w->second);
+  }
+  if (check) {
+    // A worker gets tasks only once its addresses answered: one that
+    // registered at an address where nothing listens would hold every
+    // pipeline it is given until it timed out.
+    SLUICE_RETURN_IF_ERROR(ValidateRegistration(req));
+    if (probe_) {
+      absl::Status reachable = probe_(req);
+      if (!reachable.ok()) {
+        spdlog::warn("dispatcher: refused to register worker {}: {}", addr,
+                     std::string(reachable.message()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the dispatcher cannot reach worker ", addr, ": ", reachable.message(),
+            "; it registers only once its addresses answer (check --worker_address, "
+            "--data_transfer_address and firewalls)"));
+      }
+    }
+  }
   absl::MutexLock l(&mu_);
   auto wit = workers_.find(addr);
+  if (wit != workers_.end() && moved(wit->second)) {
+    proto::JournalRecord rec;
+    proto::RegisterWorkerUpdate* r = rec.add_updates()->mutable_register_worker();
+    r->set_address(addr);
+    r->set_transfer_address(transfer_address);
+    r->set_transfer_protocol(protocol);
+    r->set_index(wit->second.index);
+    SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
+    spdlog::info("dispatcher: worker {} is back with transfer {} over {}", addr, transfer_address,
+                 protocol);
+  }
   if (wit == workers_.end()) {
     int64_t index = next_worker_index_;
     if (!config_.worker_addresses.empty()) {
@@ -783,12 +891,12 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
     proto::JournalRecord rec;
     proto::RegisterWorkerUpdate* r = rec.add_updates()->mutable_register_worker();
     r->set_address(addr);
-    r->set_transfer_address(req.transfer_address().empty() ? addr : req.transfer_address());
-    r->set_transfer_protocol(req.transfer_protocol().empty() ? "grpc" : req.transfer_protocol());
+    r->set_transfer_address(transfer_address);
+    r->set_transfer_protocol(protocol);
     r->set_index(index);
     // A worker that joins mid-job gets a task for every running iteration.
     for (auto& [id, it] : iterations_) {
-      if (!it.finished && !it.collected && NeedsTaskLocked(it, index)) {
+      if (AcceptsTasksLocked(it) && NeedsTaskLocked(it, index)) {
         AddCreateTaskLocked(rec, id, jobs_.at(it.job_id).num_consumers > 0 && it.started, addr);
       }
     }
@@ -821,12 +929,12 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
     }
   }
   SLUICE_RETURN_IF_ERROR(RecordLocked(finished));
-  // Static sharding: the restarted worker reads its shard again.
+  // The restarted worker gets a task again (its data starts over; under
+  // static sharding it reads its shard again).
   proto::JournalRecord again;
   for (int64_t iteration_id : lost_in) {
     Iteration& it = iterations_.at(iteration_id);
-    if (!it.finished && !it.collected && StaticShardingOf(jobs_.at(it.job_id).mode) &&
-        NeedsTaskLocked(it, w.index)) {
+    if (AcceptsTasksLocked(it) && NeedsTaskLocked(it, w.index)) {
       AddCreateTaskLocked(again, iteration_id, jobs_.at(it.job_id).num_consumers > 0, addr);
     }
   }
@@ -841,11 +949,12 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
     return shutdown_ || it == workers_.end() || !it->second.pending_new.empty() ||
            !it->second.pending_delete.empty();
   };
-  if (req.wait_ms() > 0 && !has_news()) {
-    ++w.waiting;  // a worker inside a long poll is alive
-    mu_.AwaitWithTimeout(absl::Condition(&has_news), absl::Milliseconds(req.wait_ms()));
-    auto again_w = workers_.find(addr);
-    if (again_w != workers_.end()) --again_w->second.waiting;
+  const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), MaxWorkerWait());
+  if (wait > absl::ZeroDuration() && !has_news() &&
+      !AwaitLocked(absl::Condition(&has_news), wait, cancelled)) {
+    // The worker went away: no reply reaches it, and its liveness runs
+    // from this request's arrival only.
+    return absl::CancelledError("WorkerHeartbeat: the caller went away");
   }
   // The worker may have been removed while we waited (Tick after timeout).
   wit = workers_.find(addr);
@@ -864,17 +973,34 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   for (int64_t id : w2.pending_delete) resp->add_tasks_to_delete(id);
   w2.pending_delete.clear();
   w2.last_heartbeat = clock_();
+  resp->set_worker_timeout_ms(config_.worker_timeout_ms);
   return absl::OkStatus();
 }
 
 absl::Status DispatcherImpl::WorkerUpdate(const proto::WorkerUpdateRequest& req,
                                           proto::WorkerUpdateResponse* resp) {
   absl::MutexLock l(&mu_);
+  if (!workers_.count(req.worker_address())) {
+    return absl::NotFoundError(absl::StrCat("WorkerUpdate: worker '",
+                                            absl::CHexEscape(req.worker_address().substr(0, 256)),
+                                            "' is not registered"));
+  }
+  for (const auto& u : req.updates()) {
+    auto t = tasks_.find(u.task_id());
+    if (t == tasks_.end()) {
+      return absl::NotFoundError(absl::StrCat("WorkerUpdate: task ", u.task_id(),
+                                              " does not exist (collected, or never created)"));
+    }
+    if (t->second.worker != req.worker_address()) {
+      return absl::FailedPreconditionError(absl::StrCat("WorkerUpdate: task ", u.task_id(),
+                                                        " belongs to worker ", t->second.worker,
+                                                        ", not ", req.worker_address()));
+    }
+  }
   proto::JournalRecord rec;
   std::set<int64_t> failed;  // iterations given an error in this record
   for (const auto& u : req.updates()) {
     auto t = tasks_.find(u.task_id());
-    if (t == tasks_.end()) continue;  // already collected
     if (u.has_error() && u.error().code() != 0) {
       auto it = iterations_.find(t->second.iteration_id);
       if (it != iterations_.end() && it->second.error.ok() && failed.insert(it->first).second) {
@@ -1098,9 +1224,10 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
 // ---- clients --------------------------------------------------------------------
 
 absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest& req,
-                                             proto::ClientHeartbeatResponse* resp) {
+                                             proto::ClientHeartbeatResponse* resp,
+                                             const IsCancelled& cancelled) {
   const int64_t known_version = req.known_version();
-  const absl::Duration wait = absl::Milliseconds(req.wait_ms());
+  const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), MaxClientWait());
   absl::MutexLock l(&mu_);
   auto cit = clients_.find(req.iteration_client_id());
   if (cit == clients_.end()) {
@@ -1120,8 +1247,9 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
     auto it = iterations_.find(iteration_id);
     return shutdown_ || it == iterations_.end() || it->second.version != known_version;
   };
-  if (wait > absl::ZeroDuration() && !changed()) {
-    mu_.AwaitWithTimeout(absl::Condition(&changed), wait);
+  if (wait > absl::ZeroDuration() && !changed() &&
+      !AwaitLocked(absl::Condition(&changed), wait, cancelled)) {
+    return absl::CancelledError("ClientHeartbeat: the caller went away");
   }
   cit = clients_.find(req.iteration_client_id());
   if (cit != clients_.end()) cit->second.last_heartbeat = clock_();
@@ -1130,6 +1258,13 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
     return absl::NotFoundError(absl::StrCat("iteration ", iteration_id, " no longer exists"));
   }
   const Iteration& it = iit->second;
+  // The client ends iff it sees the same finished state we record it on.
+  if (req.at_end() && cit != clients_.end() && !cit->second.at_end && it.finished &&
+      req.known_version() == it.version) {
+    proto::JournalRecord rec;
+    rec.add_updates()->mutable_client_at_end()->set_client_id(cit->first);
+    SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
+  }
   for (int64_t id : it.tasks) {
     const Task& t = tasks_.at(id);
     if (t.pending) continue;
@@ -1242,8 +1377,10 @@ void DispatcherImpl::RemoveWorkerLocked(const std::string& address) {
     FinishTaskLocked(t->second, true);
   }
   if (!replaying_) {
-    spdlog::warn("dispatcher: worker {} timed out after {} ms; {} unfinished task(s) lost",
-                 address, config_.worker_timeout_ms, lost);
+    spdlog::warn("dispatcher: worker {} lost: no heartbeat for {} ms (worker_timeout_ms={}); {} "
+                 "unfinished task(s) lost",
+                 address, absl::ToInt64Milliseconds(clock_() - wit->second.last_heartbeat),
+                 config_.worker_timeout_ms, lost);
   }
   workers_.erase(wit);
   ++stats_.lost_workers;
@@ -1254,7 +1391,7 @@ void DispatcherImpl::Tick() {
   absl::Time now = clock_();
   proto::JournalRecord expired;
   for (auto& [addr, w] : workers_) {
-    if (w.waiting == 0 && now - w.last_heartbeat > absl::Milliseconds(config_.worker_timeout_ms)) {
+    if (now - w.last_heartbeat > absl::Milliseconds(config_.worker_timeout_ms)) {
       expired.add_updates()->mutable_remove_worker()->set_address(addr);
     }
   }
@@ -1493,7 +1630,8 @@ absl::Status DispatcherImpl::AssignSplitLocked(const proto::AssignSplitUpdate& u
 }
 
 absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
-                                      proto::GetSplitResponse* resp) {
+                                      proto::GetSplitResponse* resp,
+                                      const IsCancelled& cancelled) {
   const absl::Time deadline = clock_() + absl::Milliseconds(std::max<int64_t>(0, req.wait_ms()));
   absl::MutexLock l(&mu_);
   while (true) {
@@ -1561,7 +1699,9 @@ absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
       auto i = iterations_.find(iteration_id);
       return shutdown_ || i == iterations_.end() || i->second.split_version != seen;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&changed), deadline - clock_());
+    if (!AwaitLocked(absl::Condition(&changed), deadline - clock_(), cancelled)) {
+      return absl::CancelledError("GetSplit: the caller went away");
+    }
     if (!changed()) return absl::OkStatus();  // still not ready
   }
 }
@@ -1623,7 +1763,6 @@ DispatcherImpl::Stats DispatcherImpl::GetStats() {
   for (const auto& [id, it] : iterations_) s.active_iterations += !it.finished && !it.collected;
   const absl::Time now = clock_();
   for (const auto& [addr, w] : workers_) {
-    if (w.waiting > 0) continue;  // inside a long poll: alive now
     s.max_worker_heartbeat_age_ms =
         std::max(s.max_worker_heartbeat_age_ms, absl::ToInt64Milliseconds(now - w.last_heartbeat));
   }

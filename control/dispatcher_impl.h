@@ -89,10 +89,34 @@
 
 namespace sluice::internal {
 
+// The dispatcher holds a long poll at most this fraction of the caller's
+// timeout (worker_timeout_ms / client_timeout_ms).
+inline constexpr int64_t kLongPollTimeoutFraction = 3;
+
 class DispatcherImpl {
  public:
   using Clock = std::function<absl::Time()>;
-  explicit DispatcherImpl(DispatcherConfig config, Clock clock = absl::Now);
+  // Whether the caller of a long poll went away (its call was cancelled or
+  // its connection broke); checked every kCancelCheckInterval while the poll
+  // waits. Empty: never.
+  using IsCancelled = std::function<bool()>;
+  // Checks, before a new worker registers, that its addresses answer:
+  // OK, or an error saying what does not. Called without the mutex held.
+  // Empty: every worker is accepted unchecked (unit tests).
+  using WorkerProbe = std::function<absl::Status(const proto::WorkerHeartbeatRequest&)>;
+  explicit DispatcherImpl(DispatcherConfig config, Clock clock = absl::Now,
+                          WorkerProbe probe = {});
+
+  // Liveness. A worker (client) is alive for worker_timeout_ms
+  // (client_timeout_ms) from the arrival of its last heartbeat, and again
+  // from the moment a long poll returns to a caller still connected. The
+  // server holds a long poll at most a third of that timeout, whatever the
+  // request asks, so a connected caller's liveness never lapses while it
+  // waits; a poll whose caller went away ends early and credits nothing.
+  static constexpr absl::Duration kCancelCheckInterval = absl::Milliseconds(100);
+  // The longest long poll granted to a worker / client.
+  absl::Duration MaxWorkerWait() const;
+  absl::Duration MaxClientWait() const;
 
   // Fault-tolerant mode: replays config.work_dir's journal (recovering a
   // torn tail) into this fresh dispatcher, then journals every later change
@@ -111,8 +135,17 @@ class DispatcherImpl {
   void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Registers an unknown worker (after `probe_` accepts its addresses:
+  // InvalidArgument for a malformed address or an unknown protocol,
+  // FailedPrecondition when an address does not answer). Tasks it names
+  // that are not its own (unknown, collected, or another worker's: ids
+  // are reused after a restart without a journal) are deleted on it and
+  // change nothing else.
   absl::Status WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
-                               proto::WorkerHeartbeatResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+                               proto::WorkerHeartbeatResponse* resp,
+                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
+  // NotFound for an unknown worker or task, FailedPrecondition for a task
+  // of another worker; nothing changes unless every update is valid.
   absl::Status WorkerUpdate(const proto::WorkerUpdateRequest& req,
                             proto::WorkerUpdateResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RegisterDataset(const proto::RegisterDatasetRequest& req,
@@ -124,10 +157,11 @@ class DispatcherImpl {
   absl::Status GetOrCreateIteration(const proto::GetOrCreateIterationRequest& req,
                                     proto::GetOrCreateIterationResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Long poll: waits up to req.wait_ms while the iteration's version equals
-  // req.known_version.
+  // Long poll: waits up to req.wait_ms (at most MaxClientWait()) while the
+  // iteration's version equals req.known_version.
   absl::Status ClientHeartbeat(const proto::ClientHeartbeatRequest& req,
-                               proto::ClientHeartbeatResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+                               proto::ClientHeartbeatResponse* resp,
+                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleaseIterationClient(const proto::ReleaseIterationClientRequest& req,
                                       proto::ReleaseIterationClientResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -141,8 +175,8 @@ class DispatcherImpl {
       ABSL_LOCKS_EXCLUDED(mu_);
   // distributed_epoch. Long poll: when nothing can be handed out yet, waits
   // up to req.wait_ms for a split to become available or the epoch to end.
-  absl::Status GetSplit(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetSplit(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp,
+                        const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires workers and clients, collects idle iterations.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
@@ -241,7 +275,6 @@ class DispatcherImpl {
     std::string address, transfer_address, protocol;
     int64_t index = 0;
     absl::Time last_heartbeat;
-    int waiting = 0;  // heartbeats currently held in a long poll
     std::set<int64_t> tasks;
     std::vector<proto::TaskDef> pending_new;
     std::vector<int64_t> pending_delete;
@@ -250,8 +283,18 @@ class DispatcherImpl {
     int64_t id = 0;
     int64_t iteration_id = 0;
     int64_t consumer_index = -1;  // coordinated reads
+    bool at_end = false;          // read the iteration to its end (journaled)
     absl::Time last_heartbeat;
   };
+
+  // Waits until `cond` holds or `timeout` (real time) passes, checking
+  // `cancelled` every kCancelCheckInterval. False when the caller went
+  // away.
+  bool AwaitLocked(const absl::Condition& cond, absl::Duration timeout,
+                   const IsCancelled& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a registering worker's request: InvalidArgument unless its
+  // addresses are dialable host:port and its protocol is grpc or ucx.
+  static absl::Status ValidateRegistration(const proto::WorkerHeartbeatRequest& req);
 
   // Coordinated reads: joining tasks start this many rounds after the
   // furthest consumer, so consumers rarely reach the block.
@@ -282,6 +325,10 @@ class DispatcherImpl {
   // The worker_addresses entry (shard index) a registering worker takes.
   absl::StatusOr<int64_t> FindShardLocked(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a worker that joins (or restarts) now gets a task of `it`: not
+  // once it was collected, nor once it finished and every client read it
+  // to the end (tf.data: late joiners get tasks until then).
+  bool AcceptsTasksLocked(const Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishTaskLocked(Task& t, bool lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateFinishedLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveClientLocked(int64_t client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -306,6 +353,7 @@ class DispatcherImpl {
 
   const DispatcherConfig config_;
   const Clock clock_;
+  const WorkerProbe probe_;
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<JournalWriter> journal_ ABSL_GUARDED_BY(mu_);

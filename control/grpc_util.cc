@@ -1,10 +1,24 @@
 #include "sluice/control/grpc_util.h"
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "google/protobuf/stubs/logging.h"
+#include "grpc/support/log.h"
 #include "sluice/control/security_internal.h"
+#include "spdlog/spdlog.h"
 
 namespace sluice::internal {
 
@@ -60,6 +74,166 @@ absl::StatusOr<std::string> ParseServiceAddress(const std::string& address) {
   int p = 0;
   if (!absl::SimpleAtoi(port, &p) || p < 1 || p > 65535) return bad("port must be 1..65535");
   return absl::StrCat(host, ":", p);
+}
+
+bool IsWildcardHost(absl::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+absl::Status ValidateDialableAddress(const std::string& address, absl::string_view what) {
+  if (absl::StartsWith(address, "grpc://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", address, "' must be HOST:PORT, without a scheme"));
+  }
+  auto parsed = ParseServiceAddress(address);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", parsed.status().message()));
+  }
+  if (IsWildcardHost(address.substr(0, address.rfind(':')))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", address, "' names a wildcard host, which no peer can dial; give the host "
+        "name or IP address peers reach this process at"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Splits "host:port" / "[v6]:port" (already validated) for getaddrinfo.
+std::pair<std::string, std::string> SplitHostPort(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  std::string host = host_port.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return {host, colon == std::string::npos ? "" : host_port.substr(colon + 1)};
+}
+
+}  // namespace
+
+absl::Status ProbeTcp(const std::string& host_port, absl::Duration timeout) {
+  const auto [host, port] = SplitHostPort(host_port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int gai = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (gai != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", host_port, ": ", gai_strerror(gai)));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string error = "no address";
+  bool connected = false;
+  for (addrinfo* a = res; a != nullptr && !connected; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                          a->ai_protocol);
+    if (fd < 0) {
+      error = strerror(errno);
+      continue;
+    }
+    int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+      rc = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 60000)));
+      if (rc == 0) {
+        error = "no answer within " + absl::FormatDuration(timeout);
+        rc = -1;
+      } else if (rc > 0) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        rc = err == 0 ? 0 : -1;
+        if (err != 0) error = strerror(err);
+      } else {
+        error = strerror(errno);
+      }
+    } else if (rc != 0) {
+      error = strerror(errno);
+    }
+    connected = rc == 0;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (connected) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("nothing answers at ", host_port, " (", error, ")"));
+}
+
+namespace {
+
+void ProtobufLogToSpdlog(google::protobuf::LogLevel level, const char* file, int line,
+                         const std::string& message) {
+  const char* base = std::strrchr(file, '/');
+  base = base == nullptr ? file : base + 1;
+  switch (level) {
+    case google::protobuf::LOGLEVEL_INFO:
+      spdlog::info("libprotobuf {}:{}: {}", base, line, message);
+      break;
+    case google::protobuf::LOGLEVEL_WARNING:
+      spdlog::warn("libprotobuf {}:{}: {}", base, line, message);
+      break;
+    default:
+      spdlog::error("libprotobuf {}:{}: {}", base, line, message);
+  }
+}
+
+void GrpcLogToSpdlog(gpr_log_func_args* args) {
+  const char* base = std::strrchr(args->file, '/');
+  base = base == nullptr ? args->file : base + 1;
+  switch (args->severity) {
+    case GPR_LOG_SEVERITY_DEBUG:
+      spdlog::debug("grpc {}:{}: {}", base, args->line, args->message);
+      break;
+    case GPR_LOG_SEVERITY_INFO:
+      spdlog::info("grpc {}:{}: {}", base, args->line, args->message);
+      break;
+    default:
+      spdlog::error("grpc {}:{}: {}", base, args->line, args->message);
+  }
+}
+
+}  // namespace
+
+void RouteLibraryLogs() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    google::protobuf::SetLogHandler(&ProtobufLogToSpdlog);
+    gpr_set_log_function(&GrpcLogToSpdlog);
+  });
+}
+
+absl::Status ListenError(absl::string_view who, const std::string& bind_address, int port) {
+  const std::string listen = absl::StrCat(bind_address, ":", port);
+  if (port > 0) {
+    // Bind it ourselves (no SO_REUSEPORT) to learn why gRPC could not.
+    const auto [host, port_s] = SplitHostPort(listen);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    bool in_use = false;
+    if (getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res) == 0) {
+      for (addrinfo* a = res; a != nullptr && !in_use; a = a->ai_next) {
+        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        in_use = bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE;
+        close(fd);
+      }
+      freeaddrinfo(res);
+    }
+    if (in_use) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, " cannot listen on ", listen, ": port ", port,
+          " is in use, another process serves it (an earlier ", who,
+          " still running?). Stop it first, or choose another port"));
+    }
+  }
+  return absl::UnavailableError(absl::StrCat(who, " cannot listen on ", listen,
+                                             " (not a local address?)"));
 }
 
 namespace {
@@ -155,6 +329,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeSecureChannel(const std::stri
 void ConfigureServerBuilder(grpc::ServerBuilder* builder, int max_receive_bytes) {
   builder->SetMaxReceiveMessageSize(max_receive_bytes);
   builder->SetMaxSendMessageSize(kMaxGrpcMessageBytes);
+  // gRPC sets SO_REUSEPORT by default: a second server on the port would
+  // start and take half of the new connections.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(

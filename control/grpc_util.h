@@ -29,6 +29,30 @@ absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view what);
 // "host:port". Anything else is InvalidArgument naming the input.
 absl::StatusOr<std::string> ParseServiceAddress(const std::string& address);
 
+// True for a host that names no peer: "", 0.0.0.0, ::, [::].
+bool IsWildcardHost(absl::string_view host);
+
+// A "host:port" another process can dial (ParseServiceAddress's syntax,
+// without a scheme, and not a wildcard host). InvalidArgument naming
+// `what` (the field) otherwise.
+absl::Status ValidateDialableAddress(const std::string& address, absl::string_view what);
+
+// Opens a TCP connection to "host:port" within `timeout` and closes it at
+// once: something listens there. Unavailable naming the address and the
+// reason otherwise.
+absl::Status ProbeTcp(const std::string& host_port, absl::Duration timeout);
+
+// Routes libprotobuf's and gRPC's own log lines through spdlog, so that
+// they follow --log_format (a JSON log stays one JSON object per line).
+// Process-wide and idempotent; the servers and the client call it.
+void RouteLibraryLogs();
+
+// After a server failed to listen on bind_address:port: FailedPrecondition
+// saying that another process serves the port when that is why (every
+// sluice server turns SO_REUSEPORT off, so two cannot share a port), else
+// Unavailable. `who` names the server.
+absl::Status ListenError(absl::string_view who, const std::string& bind_address, int port);
+
 // A channel with sluice's message-size limits and keepalive settings.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& host_port);
 
@@ -39,8 +63,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeSecureChannel(
     const std::string& host_port, const ClientSecurity& security,
     int max_receive_bytes = kMaxGrpcMessageBytes);
 
-// Applies sluice's limits to a server being built: requests larger than
-// `max_receive_bytes` are refused by gRPC with ResourceExhausted.
+// Applies sluice's settings to a server being built: requests larger than
+// `max_receive_bytes` are refused by gRPC with ResourceExhausted, and
+// SO_REUSEPORT is off, so that a second server on a port another process
+// serves fails to start instead of splitting its connections.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder,
                             int max_receive_bytes = kMaxGrpcMessageBytes);
 

@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "control/service.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "sluice/control/dispatcher_impl.h"
 #include "sluice/control/grpc_util.h"
 #include "sluice/core/metrics.h"
 #include "sluice/control/security_internal.h"
@@ -51,6 +52,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   std::set<int64_t> reported ABSL_GUARDED_BY(mu);  // completion sent to the dispatcher
   grpc::ClientContext* heartbeat_ctx ABSL_GUARDED_BY(mu) = nullptr;
   absl::Time last_heartbeat_ok ABSL_GUARDED_BY(mu) = absl::Now();
+  int64_t dispatcher_timeout_seen ABSL_GUARDED_BY(mu) = 0;  // for the warning above
 
   // Metrics (see worker_metrics.h).
   std::atomic<int64_t> elements_served{0}, bytes_served{0}, grpc_serve_errors{0},
@@ -104,7 +106,11 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     internal::SetTimeout(&ctx, absl::Seconds(2));
     proto::WorkerUpdateResponse resp;
     grpc::Status s = dispatcher->WorkerUpdate(&ctx, req, &resp);
-    if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      // The dispatcher already collected the task (or restarted without
+      // a journal): nothing to report.
+      spdlog::debug("worker {}: WorkerUpdate: {}", address, s.error_message());
+    } else if (!s.ok()) {
       spdlog::warn("worker {}: WorkerUpdate failed ({}); the next heartbeat will retry", address,
                    s.error_message());
     }
@@ -213,6 +219,18 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
             s, absl::StrCat("heartbeat to dispatcher ", config.dispatcher_address));
       }
       last_heartbeat_ok = absl::Now();
+      const int64_t timeout_ms = resp.worker_timeout_ms();
+      if (timeout_ms > 0 && timeout_ms != dispatcher_timeout_seen) {
+        dispatcher_timeout_seen = timeout_ms;
+        const int64_t max_wait_ms = timeout_ms / internal::kLongPollTimeoutFraction;
+        if (config.heartbeat_interval_ms > max_wait_ms) {
+          spdlog::warn("worker {}: heartbeat_interval_ms={} is longer than the dispatcher allows "
+                       "(worker_timeout_ms={} holds a heartbeat at most {} ms); heartbeats run "
+                       "every {} ms",
+                       address, config.heartbeat_interval_ms, timeout_ms, max_wait_ms,
+                       max_wait_ms);
+        }
+      }
       for (const auto& def : resp.new_tasks()) {
         if (tasks.count(def.task_id())) continue;
         std::unique_ptr<internal::SplitClient> splits;
@@ -287,6 +305,17 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     return absl::InvalidArgumentError(absl::StrCat("worker max_request_bytes must be in 1..",
                                                    internal::kMaxGrpcMessageBytes));
   }
+  // Clients and the dispatcher dial the advertised addresses: a wildcard
+  // bind needs an explicit worker_address.
+  if (!config.worker_address.empty()) {
+    SLUICE_RETURN_IF_ERROR(internal::ValidateDialableAddress(config.worker_address, "worker_address"));
+  } else if (internal::IsWildcardHost(config.bind_address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker: bind_address '", config.bind_address, "' serves every interface, so it names no "
+        "address clients can dial; set worker_address (--worker_address HOST:PORT) to the "
+        "address clients and the dispatcher reach this worker at"));
+  }
+  internal::RouteLibraryLogs();
   SLUICE_ASSIGN_OR_RETURN(auto server_creds, internal::MakeServerCredentials(config.tls, "worker"));
   ClientSecurity to_dispatcher{config.tls, config.auth_token};
   SLUICE_ASSIGN_OR_RETURN(auto dispatcher_channel,
@@ -324,14 +353,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   builder.RegisterService(impl.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
-    return absl::UnavailableError(absl::StrCat("worker cannot listen on ", listen));
+    return internal::ListenError("worker", config.bind_address, config.port);
   }
   // Health says SERVING only once the worker registered (end of Start).
   impl->server->GetHealthCheckService()->SetServingStatus(false);
   impl->address = config.worker_address.empty()
-                      ? absl::StrCat(config.bind_address == "0.0.0.0" ? "127.0.0.1"
-                                                                       : config.bind_address,
-                                     ":", impl->port)
+                      ? absl::StrCat(config.bind_address, ":", impl->port)
                       : config.worker_address;
   impl->transfer_protocol = "grpc";
   impl->transfer_address = impl->address;
@@ -353,6 +380,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       impl->ucx = *std::move(ucx);
       impl->transfer_protocol = "ucx";
       impl->transfer_address = impl->ucx->address();
+      // A listener on a wildcard address publishes the worker's own host.
+      const size_t colon = impl->transfer_address.rfind(':');
+      if (internal::IsWildcardHost(impl->transfer_address.substr(0, colon))) {
+        const std::string& a = impl->address;
+        impl->transfer_address =
+            absl::StrCat(a.substr(0, a.rfind(':')), impl->transfer_address.substr(colon));
+      }
     } else {
       // Clients then read over gRPC; say why once.
       spdlog::warn("worker: UCX data plane unavailable ({}); serving elements over gRPC",

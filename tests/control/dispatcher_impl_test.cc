@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -117,10 +118,13 @@ class DispatcherImplTest : public ::testing::Test {
     return resp;
   }
 
-  absl::StatusOr<proto::ClientHeartbeatResponse> ClientHb(int64_t client_id) {
+  // With `at_end_version`: the client read to the end at that version.
+  absl::StatusOr<proto::ClientHeartbeatResponse> ClientHb(
+      int64_t client_id, std::optional<int64_t> at_end_version = std::nullopt) {
     proto::ClientHeartbeatRequest req;
     req.set_iteration_client_id(client_id);
-    req.set_known_version(-1);
+    req.set_known_version(at_end_version.value_or(-1));
+    req.set_at_end(at_end_version.has_value());
     req.set_wait_ms(0);
     proto::ClientHeartbeatResponse resp;
     absl::Status s = d_->ClientHeartbeat(req, &resp);
@@ -502,6 +506,12 @@ TEST_F(DispatcherImplTest, WorkerJoiningMidJobGetsTasksForRunningIterationsOnly)
   ASSERT_OK_AND_ASSIGN(auto before, ClientHb(running_it.iteration_client_id()));
   ASSERT_EQ(before.tasks_size(), 1);
 
+  // Until its client read it to the end, a finished iteration still takes
+  // late joiners (tf.data); the client says so at the version it saw.
+  ASSERT_OK_AND_ASSIGN(auto ended, ClientHb(finished_it.iteration_client_id(), fhb.version()));
+  EXPECT_EQ(ended.version(), fhb.version());
+  EXPECT_TRUE(ended.iteration_finished());
+
   // A worker that registers now gets a task for the running iteration only.
   ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW2));
   ASSERT_EQ(r2.new_tasks_size(), 1);
@@ -553,8 +563,11 @@ TEST_F(DispatcherImplTest, IterationFinishesWhenEveryTaskCompleted) {
   ASSERT_OK_AND_ASSIGN(auto hb0, ClientHb(it.iteration_client_id()));
   EXPECT_FALSE(hb0.iteration_finished());
 
-  // A worker cannot finish another worker's task through its heartbeat.
+  // A worker cannot finish another worker's task through its heartbeat
+  // or an update: refused, and nothing changes.
   ASSERT_OK(WorkerHb(kW2, {t2}, {t1}).status());
+  EXPECT_STATUS(Complete(kW2, t1), absl::StatusCode::kFailedPrecondition, "belongs to worker");
+  EXPECT_STATUS(Complete(kW3, t1), absl::StatusCode::kNotFound, "is not registered");
   ASSERT_OK_AND_ASSIGN(auto hb_ignored, ClientHb(it.iteration_client_id()));
   EXPECT_FALSE(hb_ignored.iteration_finished());
   EXPECT_EQ(hb_ignored.version(), hb0.version());
@@ -578,8 +591,11 @@ TEST_F(DispatcherImplTest, IterationFinishesWhenEveryTaskCompleted) {
   EXPECT_GT(hb2.version(), hb1.version());
   EXPECT_FALSE(hb2.has_error());
   for (const auto& t : hb2.tasks()) EXPECT_FALSE(t.lost());
-  // Unknown task ids in updates are ignored.
-  ASSERT_OK(Complete(kW1, 987654));
+  // Unknown task ids in updates are refused; in heartbeats they are tasks
+  // to delete on the worker.
+  EXPECT_STATUS(Complete(kW1, 987654), absl::StatusCode::kNotFound, "does not exist");
+  ASSERT_OK_AND_ASSIGN(auto stale, WorkerHb(kW1, {t1, 987654}));
+  EXPECT_THAT(stale.tasks_to_delete(), ::testing::ElementsAre(987654));
 }
 
 TEST_F(DispatcherImplTest, WorkerErrorFailsTheIteration) {
@@ -670,15 +686,19 @@ TEST_F(DispatcherImplTest, TimedOutWorkerThatComesBackRegistersAfresh) {
   d_->Tick();
   EXPECT_EQ(d_->GetStats().workers, 0);
   ASSERT_OK_AND_ASSIGN(auto hb, ClientHb(first.iteration_client_id()));
-  EXPECT_TRUE(hb.iteration_finished());  // its only task was lost
+  // Its only task was lost before finishing: the iteration waits for a
+  // worker instead of ending short (tf.data).
+  EXPECT_FALSE(hb.iteration_finished());
 
   // A new iteration starts; the worker then heartbeats again still holding
-  // its old task: it is told to delete it and gets the new iteration's task.
+  // its old task: it is told to delete it and gets a task of each
+  // iteration (the first starts over).
   ASSERT_OK_AND_ASSIGN(auto second, Iteration(job, 1));
   ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW1, {t1}));
   EXPECT_THAT(Deleted(r2), UnorderedElementsAre(t1));
-  ASSERT_EQ(r2.new_tasks_size(), 1);
-  EXPECT_EQ(r2.new_tasks(0).iteration_id(), second.iteration_id());
+  std::set<int64_t> iterations;
+  for (const auto& t : r2.new_tasks()) iterations.insert(t.iteration_id());
+  EXPECT_THAT(iterations, UnorderedElementsAre(first.iteration_id(), second.iteration_id()));
   EXPECT_EQ(d_->GetStats().workers, 1);
 }
 
@@ -702,12 +722,20 @@ TEST_F(DispatcherImplTest, RestartedWorkerThatDropsADeliveredTaskLosesIt) {
   EXPECT_FALSE(hb1.tasks(0).lost());
   EXPECT_EQ(hb1.version(), hb0.version());
 
-  // The worker restarts on the same address and no longer reports the task.
-  ASSERT_OK(WorkerHb(kW1, {}).status());
+  // The worker restarts on the same address (with a new data address) and
+  // no longer reports the task: it is lost, and the restarted worker gets
+  // a new task of the iteration, whose data starts over (tf.data).
+  ASSERT_OK_AND_ASSIGN(auto r2, WorkerHb(kW1, {}, {}, "127.0.0.1:9100", "ucx"));
+  ASSERT_EQ(r2.new_tasks_size(), 1);
+  EXPECT_EQ(r2.new_tasks(0).iteration_id(), it.iteration_id());
   ASSERT_OK_AND_ASSIGN(auto hb2, ClientHb(it.iteration_client_id()));
-  ASSERT_EQ(hb2.tasks_size(), 1);
-  EXPECT_TRUE(hb2.tasks(0).lost());
-  EXPECT_TRUE(hb2.iteration_finished());
+  ASSERT_EQ(hb2.tasks_size(), 2);
+  for (const auto& t : hb2.tasks()) {
+    EXPECT_EQ(t.lost(), t.task_id() == t1);
+    EXPECT_EQ(t.transfer_address(), "127.0.0.1:9100");
+    EXPECT_EQ(t.transfer_protocol(), "ucx");
+  }
+  EXPECT_FALSE(hb2.iteration_finished());
   EXPECT_GT(hb2.version(), hb1.version());
   EXPECT_EQ(d_->GetStats().workers, 1);  // still the same, registered worker
 }
@@ -1043,13 +1071,11 @@ TEST_F(DispatcherImplTest, LongPollsReturnEarlyOnChange) {
   ASSERT_OK(d_->WorkerHeartbeat(wreq, &wresp));
 }
 
-// A worker whose heartbeat is held in a long poll is connected, so Tick()
-// must not expire it then (and must never free its entry under the waiting
-// poll: the ASan build checks that). Once the poll has returned, silence past
-// worker_timeout_ms expires it as usual. Deterministic: the fake clock tells
-// the test when the poll holds the mutex, so Tick() runs only once the poll
-// is waiting; the short wait_ms (200) bounds the poll.
-TEST(DispatcherImplLongPollTest, WorkerInALongPollIsNotExpired) {
+// Liveness (dispatcher_impl.h): a worker is alive for worker_timeout_ms
+// from its request's arrival, and again from the return of a long poll to a
+// caller still there. Deterministic: the fake clock tells the test when the
+// poll holds the mutex, so Tick() runs only once the poll is waiting.
+TEST(DispatcherImplLongPollTest, WorkerIsAliveFromItsPollsArrivalAndReturn) {
   std::atomic<int64_t> now_ms{1'700'000'000'000};
   absl::Notification poll_started;
   static thread_local bool is_poller = false;
@@ -1064,6 +1090,7 @@ TEST(DispatcherImplLongPollTest, WorkerInALongPollIsNotExpired) {
   reg.set_worker_address(kW1);
   proto::WorkerHeartbeatResponse reg_resp;
   ASSERT_OK(d.WorkerHeartbeat(reg, &reg_resp));
+  EXPECT_EQ(reg_resp.worker_timeout_ms(), 1000);
 
   absl::Status status;
   proto::WorkerHeartbeatResponse resp;
@@ -1074,25 +1101,139 @@ TEST(DispatcherImplLongPollTest, WorkerInALongPollIsNotExpired) {
     req.set_wait_ms(200);
     status = d.WorkerHeartbeat(req, &resp);
   });
-  // The poll read the clock under the mutex; it releases the mutex only by
-  // waiting, so Tick below runs while it waits.
   const bool started = poll_started.WaitForNotificationWithTimeout(absl::Seconds(60));
   if (started) {
-    now_ms += 5000;
-    d.Tick();  // kW1 is inside a long poll: still alive
+    now_ms += 900;
+    d.Tick();  // within the timeout of the poll's arrival
     EXPECT_EQ(d.GetStats().workers, 1);
-    EXPECT_EQ(d.GetStats().lost_workers, 0);
   }
   poller.join();
   ASSERT_TRUE(started);
   ASSERT_OK(status);
-  EXPECT_EQ(resp.new_tasks_size(), 0);
-  EXPECT_EQ(resp.tasks_to_delete_size(), 0);
-  // Silent after its poll returned: expired.
-  now_ms += 5000;
+  // The poll returned at +900 to a caller still there: alive until +1900.
+  now_ms += 900;
+  d.Tick();
+  EXPECT_EQ(d.GetStats().workers, 1);
+  now_ms += 200;
   d.Tick();
   EXPECT_EQ(d.GetStats().workers, 0);
   EXPECT_EQ(d.GetStats().lost_workers, 1);
+}
+
+// The server holds a long poll at most a third of the caller's timeout,
+// whatever wait_ms asks; the test fails by hanging (guarded) otherwise.
+TEST(DispatcherImplLongPollTest, LongPollsAreBoundedByTheTimeout) {
+  DispatcherConfig config = TestConfig();
+  config.worker_timeout_ms = 300;
+  config.client_timeout_ms = 300;
+  DispatcherImpl d(config);
+  EXPECT_EQ(d.MaxWorkerWait(), absl::Milliseconds(100));
+  EXPECT_EQ(d.MaxClientWait(), absl::Milliseconds(100));
+  proto::WorkerHeartbeatRequest req;
+  req.set_worker_address(kW1);
+  proto::WorkerHeartbeatResponse resp;
+  ASSERT_OK(d.WorkerHeartbeat(req, &resp));
+  proto::RegisterDatasetRequest r;
+  *r.mutable_dataset() = Dataset::Range(3).def();
+  proto::RegisterDatasetResponse rr;
+  ASSERT_OK(d.RegisterDataset(r, &rr));
+  proto::GetOrCreateJobRequest j;
+  j.set_dataset_id(rr.dataset_id());
+  j.set_processing_mode(proto::PARALLEL_EPOCHS);
+  proto::GetOrCreateJobResponse jr;
+  ASSERT_OK(d.GetOrCreateJob(j, &jr));
+  proto::GetOrCreateIterationRequest ir;
+  ir.set_job_id(jr.job_id());
+  proto::GetOrCreateIterationResponse it;
+  ASSERT_OK(d.GetOrCreateIteration(ir, &it));
+  ASSERT_OK(d.WorkerHeartbeat(req, &resp));  // takes its task: nothing new after this
+
+  absl::Notification returned;
+  std::thread poller([&] {
+    proto::WorkerHeartbeatRequest w = req;
+    w.set_wait_ms(3'600'000);
+    proto::WorkerHeartbeatResponse wr;
+    EXPECT_OK(d.WorkerHeartbeat(w, &wr));
+    proto::ClientHeartbeatRequest c;
+    c.set_iteration_client_id(it.iteration_client_id());
+    c.set_known_version(-1);
+    proto::ClientHeartbeatResponse cr;
+    ASSERT_OK(d.ClientHeartbeat(c, &cr));
+    c.set_known_version(cr.version());
+    c.set_wait_ms(3'600'000);
+    EXPECT_OK(d.ClientHeartbeat(c, &cr));
+    returned.Notify();
+  });
+  const bool ok = returned.WaitForNotificationWithTimeout(absl::Seconds(60));
+  if (!ok) d.Shutdown();
+  poller.join();
+  EXPECT_TRUE(ok) << "an hour-long poll was held past a third of the timeout";
+}
+
+// A poll whose caller went away returns Cancelled at once and credits no
+// liveness: the worker expires worker_timeout_ms after the poll arrived.
+TEST(DispatcherImplLongPollTest, CancelledPollEndsTheCredit) {
+  std::atomic<int64_t> now_ms{1'700'000'000'000};
+  DispatcherConfig config = TestConfig();
+  config.worker_timeout_ms = 30000;  // a long cap: only cancellation ends the poll early
+  DispatcherImpl d(config, [&] { return absl::FromUnixMillis(now_ms.load()); });
+  proto::WorkerHeartbeatRequest req;
+  req.set_worker_address(kW1);
+  proto::WorkerHeartbeatResponse resp;
+  ASSERT_OK(d.WorkerHeartbeat(req, &resp));
+  std::atomic<bool> gone{false};
+  absl::Notification waiting;  // the poll asks whether its caller is there only once waiting
+  absl::Status status;
+  std::thread poller([&] {
+    proto::WorkerHeartbeatRequest w = req;
+    w.set_wait_ms(3'600'000);
+    proto::WorkerHeartbeatResponse wr;
+    status = d.WorkerHeartbeat(w, &wr, [&] {
+      if (!waiting.HasBeenNotified()) waiting.Notify();
+      return gone.load();
+    });
+  });
+  ASSERT_TRUE(waiting.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  now_ms += 29000;
+  gone = true;  // the caller's connection broke
+  poller.join();  // returns within kCancelCheckInterval (a hang here fails the test by timeout)
+  EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  now_ms += 1001;  // 30 001 ms after the poll arrived
+  d.Tick();
+  EXPECT_EQ(d.GetStats().workers, 0);
+}
+
+// Registration: dialable addresses and a known protocol, and a probe that
+// must succeed before the worker exists.
+TEST(DispatcherImplRegistrationTest, BadRegistrationsAreRefused) {
+  std::vector<std::string> probed;
+  DispatcherImpl d(TestConfig(), absl::Now, [&](const proto::WorkerHeartbeatRequest& r) {
+    probed.push_back(r.worker_address());
+    return r.worker_address() == kW2 ? absl::UnavailableError("nothing answers")
+                                     : absl::OkStatus();
+  });
+  auto hb = [&](const std::string& address, const std::string& protocol,
+                const std::string& transfer = "") {
+    proto::WorkerHeartbeatRequest req;
+    req.set_worker_address(address);
+    req.set_transfer_protocol(protocol);
+    req.set_transfer_address(transfer);
+    proto::WorkerHeartbeatResponse resp;
+    return d.WorkerHeartbeat(req, &resp);
+  };
+  EXPECT_STATUS(hb(kW1, "../../../etc/passwd"), absl::StatusCode::kInvalidArgument,
+                "unknown transfer_protocol");
+  EXPECT_STATUS(hb(kW1, "-1"), absl::StatusCode::kInvalidArgument, "expected grpc or ucx");
+  EXPECT_STATUS(hb("0.0.0.0:5000", "grpc"), absl::StatusCode::kInvalidArgument, "wildcard");
+  EXPECT_STATUS(hb("nohostport", "grpc"), absl::StatusCode::kInvalidArgument, "worker_address");
+  EXPECT_STATUS(hb(kW1, "ucx", "[::]:9"), absl::StatusCode::kInvalidArgument, "wildcard");
+  EXPECT_TRUE(probed.empty()) << "invalid requests must not be probed";
+  EXPECT_STATUS(hb(kW2, "grpc"), absl::StatusCode::kFailedPrecondition, "nothing answers");
+  EXPECT_EQ(d.GetStats().workers, 0);
+  ASSERT_OK(hb(kW1, "ucx", kW3));
+  ASSERT_OK(hb(kW1, "ucx", kW3));  // known: not probed again
+  EXPECT_EQ(probed, (std::vector<std::string>{kW2, kW1}));
+  EXPECT_EQ(d.GetStats().workers, 1);
 }
 
 // ---- introspection ------------------------------------------------------------------

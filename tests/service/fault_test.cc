@@ -568,8 +568,8 @@ class NetnsTest : public MultiProcessTest, public ::testing::WithParamInterface<
     EXPECT_THAT(client->log(), HasSubstr("lost task"));
     for (const std::string& line : ReadLines(out)) values->push_back(std::stoll(line));
     const std::string dlog = dispatcher_->log();
-    EXPECT_THAT(dlog, HasSubstr(absl::StrCat("worker ", worker_addresses_[0], " timed out")));
-    EXPECT_THAT(dlog, Not(HasSubstr(absl::StrCat("worker ", worker_addresses_[1], " timed out"))));
+    EXPECT_THAT(dlog, HasSubstr(absl::StrCat("worker ", worker_addresses_[0], " lost: no heartbeat")));
+    EXPECT_THAT(dlog, Not(HasSubstr(absl::StrCat("worker ", worker_addresses_[1], " lost: no heartbeat"))));
     EXPECT_FALSE(workers_[1]->TryReap().has_value()) << "the surviving worker died";
     watchdog.Disarm();
     EXPECT_FALSE(watchdog.fired());

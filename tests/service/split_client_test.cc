@@ -17,8 +17,6 @@
 namespace sluice::internal {
 namespace {
 
-constexpr char kWorker[] = "127.0.0.1:7001";
-
 class SplitClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -39,8 +37,11 @@ class SplitClientTest : public ::testing::Test {
     ir.set_job_id(jresp.job_id());
     proto::GetOrCreateIterationResponse iresp;
     ASSERT_TRUE(Call(&proto::DispatcherService::Stub::GetOrCreateIteration, ir, &iresp));
+    // The dispatcher registers only workers whose address answers: the
+    // stand-in worker borrows the dispatcher's own.
+    worker_ = dispatcher_->address();
     proto::WorkerHeartbeatRequest hb;
-    hb.set_worker_address(kWorker);
+    hb.set_worker_address(worker_);
     proto::WorkerHeartbeatResponse hbr;
     ASSERT_TRUE(Call(&proto::DispatcherService::Stub::WorkerHeartbeat, hb, &hbr));
     ASSERT_EQ(hbr.new_tasks_size(), 1);
@@ -72,11 +73,12 @@ class SplitClientTest : public ::testing::Test {
 
   std::unique_ptr<DispatchServer> dispatcher_;
   std::unique_ptr<proto::DispatcherService::Stub> stub_;
+  std::string worker_;
   int64_t task_ = 0;
 };
 
 TEST_F(SplitClientTest, TrackedSplitCompletesOnlyOnceItsElementsAreAcknowledged) {
-  SplitClient splits(stub_.get(), kWorker, task_, /*tracked=*/true);
+  SplitClient splits(stub_.get(), worker_, task_, /*tracked=*/true);
   ASSERT_EQ(splits.BeginEpoch(), 0);
   const int64_t a = ReadAndSend(splits);
   const int64_t b = ReadAndSend(splits);
@@ -105,7 +107,7 @@ TEST_F(SplitClientTest, TrackedSplitCompletesOnlyOnceItsElementsAreAcknowledged)
 }
 
 TEST_F(SplitClientTest, UntrackedSplitCompletesWhenReadToTheEnd) {
-  SplitClient splits(stub_.get(), kWorker, task_, /*tracked=*/false);
+  SplitClient splits(stub_.get(), worker_, task_, /*tracked=*/false);
   splits.BeginEpoch();
   for (int k = 0; k < 2; ++k) {
     auto split = splits.Next(0);

@@ -1,0 +1,187 @@
+// Workers that restart, join late, and a dispatcher restarted mid-epoch,
+// with real processes (multiprocess_util.h), over each data path: gRPC, and
+// UCX on TCP and on shared memory (UCX_TLS is set for the test process and
+// its children; ctest runs every test in its own process). Each asserts
+// what tf.data service promises (its fault_tolerance_test and
+// data_service_ops_test):
+//  - a worker restarted at the same address, or at a new one, gets a task
+//    again, and its parallel_epochs data starts over;
+//  - a worker that joins after the others handed out all their elements,
+//    but before the client read them, gets a task, and its elements arrive;
+//  - a fault-tolerant dispatcher killed mid-distributed_epoch and restarted
+//    leaves a client that reads every element once and then ends.
+// Labelled `fault`. Timeouts are hang guards only.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "sluice/client/distribute.h"
+#include "sluice/dataset/dataset.h"
+#include "tests/service/multiprocess_util.h"
+#include "tests/test_util.h"
+
+namespace sluice::mp_test {
+namespace {
+
+struct Transport {
+  std::string name, protocol, ucx_tls;
+};
+
+class MembershipTest : public MultiProcessTest, public ::testing::WithParamInterface<Transport> {
+ protected:
+  void SetUp() override {
+    MultiProcessTest::SetUp();
+    if (!GetParam().ucx_tls.empty()) setenv("UCX_TLS", GetParam().ucx_tls.c_str(), 1);
+  }
+
+  std::vector<std::string> WorkerArgs(const std::string& name, int port) {
+    return {"--dispatcher", absl::StrCat("127.0.0.1:", dispatcher_port_), "--port",
+            std::to_string(port), "--port_file", scratch_.File(name + ".port"),
+            "--heartbeat_interval_ms", "200", "--task_buffer_elements", "4",
+            "--data_transfer_protocol", GetParam().protocol};
+  }
+
+  // Starts a worker named `name` on `port` (0: any) and waits until it serves.
+  absl::StatusOr<int> StartWorker(const std::string& name, int port) {
+    std::filesystem::remove(scratch_.File(name + ".port"));
+    ChildProcess* w = Spawn(name, SLUICE_WORKER_BIN, WorkerArgs(name, port));
+    if (w == nullptr) return absl::InternalError(absl::StrCat("cannot start ", name));
+    workers_.push_back(w);
+    return WaitForPort(w, scratch_.File(name + ".port"), absl::Now() + kStartDeadline);
+  }
+
+  DistributeOptions Options(const std::string& mode) {
+    DistributeOptions opt;
+    opt.service = ServiceTarget();
+    opt.processing_mode = mode;
+    opt.data_transfer_protocol = GetParam().protocol;
+    return opt;
+  }
+
+  int NumWorkers() {
+    auto w = GetWorkers(absl::StrCat("127.0.0.1:", dispatcher_port_));
+    return w.ok() ? w->workers_size() : -1;
+  }
+};
+
+// tf.data's testRestartWorker: one worker, read half of range(100), restart
+// the worker (same port, or a new one); the client reads what the first
+// worker had sent, then the whole range again from the restarted one, and
+// then ends.
+TEST_P(MembershipTest, RestartedWorkerGetsATaskAndStartsOver) {
+  for (const bool same_port : {true, false}) {
+    SCOPED_TRACE(same_port ? "same port" : "new port");
+    children_.clear();
+    workers_.clear();
+    constexpr int64_t kN = 100;
+    ASSERT_OK(StartCluster(0, {"--worker_timeout_ms", "2000"}, {}));
+    const int port = UnusedLoopbackPort();
+    ASSERT_OK(StartWorker("worker", port).status());
+    Watchdog watchdog(absl::Seconds(120), "RestartedWorkerGetsATaskAndStartsOver",
+                      [this] { KillAllChildren(); });
+    DistributeOptions opt = Options("parallel_epochs");
+    opt.max_outstanding_requests = 1;
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+    std::vector<int64_t> before;
+    for (int64_t i = 0; i < kN / 2; ++i) {
+      ASSERT_OK_AND_ASSIGN(auto e, it->Next());
+      ASSERT_TRUE(e.has_value());
+      before.push_back((*e)[0].at<int64_t>(0));
+    }
+    workers_[0]->KillAndReap();
+    if (!same_port) {
+      // The old worker is declared lost first; the iteration then waits
+      // for a worker rather than ending short.
+      ASSERT_OK(WaitUntil([&] { return NumWorkers() == 0; }, absl::Seconds(30),
+                          "the killed worker being declared lost"));
+    }
+    ASSERT_OK(StartWorker("worker-restarted", same_port ? port : 0).status());
+    std::vector<int64_t> after;
+    ASSERT_OK(Drain(*it, &after));
+    watchdog.Disarm();
+    // The restarted worker's full copy arrived after whatever the first
+    // one had already sent (at most a few buffered elements).
+    std::map<int64_t, int> counts;
+    for (int64_t v : after) ++counts[v];
+    for (int64_t v = 0; v < kN; ++v) EXPECT_GE(counts[v], 1) << "value " << v << " never came";
+    EXPECT_LE(after.size(), static_cast<size_t>(kN + kN / 2)) << "more than one new copy";
+  }
+}
+
+// tf.data's testAddWorkerMidJob: with one worker, read half of
+// range(2 * cores + 100); by then the worker has handed out every element
+// (the client buffers them), but the client has not read them. A worker
+// added now gets a task: every element arrives twice.
+TEST_P(MembershipTest, WorkerJoiningBeforeTheClientReadToTheEndGetsATask) {
+  constexpr int64_t kN = 104;
+  ASSERT_OK(StartCluster(1, {}, {"--heartbeat_interval_ms", "200",
+                                 "--data_transfer_protocol", GetParam().protocol}));
+  Watchdog watchdog(absl::Seconds(120), "WorkerJoiningBeforeTheClientReadToTheEndGetsATask",
+                    [this] { KillAllChildren(); });
+  ASSERT_OK_AND_ASSIGN(auto it,
+                       Dataset::Range(kN).Distribute(Options("parallel_epochs")).MakeIterator());
+  std::vector<int64_t> values;
+  for (int64_t i = 0; i < kN / 2; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto e, it->Next());
+    ASSERT_TRUE(e.has_value());
+    values.push_back((*e)[0].at<int64_t>(0));
+  }
+  // Let the first worker hand out everything it has.
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_OK(StartWorker("late", 0).status());
+  ASSERT_OK(WaitUntil([&] { return NumWorkers() == 2; }, absl::Seconds(30),
+                      "the late worker registering"));
+  ASSERT_OK(Drain(*it, &values));
+  watchdog.Disarm();
+  std::map<int64_t, int> counts;
+  for (int64_t v : values) ++counts[v];
+  EXPECT_EQ(values.size(), static_cast<size_t>(2 * kN));
+  for (int64_t v = 0; v < kN; ++v) EXPECT_EQ(counts[v], 2) << "value " << v;
+}
+
+// tf.data's fault_tolerance_test with a distributed_epoch range(100): the
+// fault-tolerant dispatcher is killed and restarted mid-epoch; every
+// element arrives once and Next() then returns the end.
+TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
+  constexpr int64_t kN = 100;
+  dispatcher_port_ = UnusedLoopbackPort();
+  ASSERT_OK(StartCluster(1, {"--fault_tolerant_mode", "--work_dir", scratch_.File("journal")},
+                         {"--heartbeat_interval_ms", "200", "--data_transfer_protocol",
+                          GetParam().protocol}));
+  Watchdog watchdog(absl::Seconds(120), "DispatcherRestartMidDistributedEpochEnds",
+                    [this] { KillAllChildren(); });
+  for (const int64_t outstanding : {int64_t{8}, int64_t{1}}) {
+    SCOPED_TRACE(absl::StrCat("max_outstanding_requests ", outstanding));
+    DistributeOptions opt = Options("distributed_epoch");
+    opt.max_outstanding_requests = outstanding;
+    std::vector<int64_t> values;
+    absl::Status restarted = absl::UnknownError("never restarted");
+    {
+      ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+      ASSERT_OK(Drain(*it, &values, [&](int64_t received) {
+        if (received == kN / 2) restarted = KillAndRestartDispatcher();
+      }));
+    }
+    ASSERT_OK(restarted);
+    std::sort(values.begin(), values.end());
+    std::vector<int64_t> expected(kN);
+    for (int64_t i = 0; i < kN; ++i) expected[i] = i;
+    EXPECT_EQ(values, expected);
+  }
+  watchdog.Disarm();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, MembershipTest,
+    ::testing::Values(Transport{"grpc", "grpc", ""}, Transport{"ucx_tcp", "ucx", "tcp"},
+                      Transport{"ucx_shm", "ucx", "tcp,posix,cma,self"}),
+    [](const ::testing::TestParamInfo<Transport>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace sluice::mp_test
