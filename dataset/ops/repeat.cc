@@ -21,10 +21,29 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
+// Whether `a` or one of its inputs (transitively; not Interleave
+// functions) reads iterations of a service job, as tf.data's
+// HasDataServiceInput.
+bool ReadsServiceIterations(const Analysis& a) {
+  if (FindOp(a.node->op_case())->reads_service_iterations) return true;
+  for (const auto& in : a.inputs) {
+    if (ReadsServiceIterations(*in)) return true;
+  }
+  return false;
+}
+
+// tf.data's repeat: a finite count runs every repetition, even empty ones.
+// Forever, a repetition that yields nothing ends it (the input is empty;
+// going on would spin) except
+// - when the input reads from the service: each repetition is the job's
+//   next iteration, and one already read to the end by other consumers of
+//   a shared job says nothing of the next;
+// - under dynamic sharding, when other workers took the epoch's splits.
 class RepeatIterator : public NodeIterator {
  public:
   RepeatIterator(AnalysisPtr a, const IteratorContext& ctx)
-      : NodeIterator(std::move(a)), ctx_(ctx) {
+      : NodeIterator(std::move(a)), ctx_(ctx),
+        reads_service_(ReadsServiceIterations(*a_->inputs[0])) {
     // Inputs are rebuilt every epoch, after the caller's placeholder element
     // may be gone: keep a copy.
     if (ctx.placeholder != nullptr) {
@@ -33,7 +52,7 @@ class RepeatIterator : public NodeIterator {
     }
   }
   Result Next() override {
-    int64_t count = node().repeat().count();
+    const int64_t count = node().repeat().count();
     while (count == -1 || epoch_ < count) {
       if (in_ == nullptr) {
         IteratorContext ctx = ctx_;
@@ -48,19 +67,20 @@ class RepeatIterator : public NodeIterator {
       }
       in_.reset();
       ++epoch_;
-      // An empty epoch stops the repetition (never spin) -- unless dynamic
-      // sharding gave this epoch's splits to other workers.
-      if (!produced_this_epoch_ &&
-          (ctx_.splits == nullptr || !ctx_.splits->EpochHadSplits(epoch_ - 1))) {
-        return End();
-      }
+      if (count == -1 && !produced_this_epoch_ && EmptyEpochEnds(epoch_ - 1)) return End();
     }
     return End();
   }
 
  private:
+  bool EmptyEpochEnds(int64_t epoch) const {
+    if (reads_service_) return false;
+    return ctx_.splits == nullptr || !ctx_.splits->EpochHadSplits(epoch);
+  }
+
   std::optional<Element> placeholder_;
   IteratorContext ctx_;
+  const bool reads_service_;
   std::unique_ptr<Iterator> in_;
   int64_t epoch_ = 0;
   bool produced_this_epoch_ = false;
