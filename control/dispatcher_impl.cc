@@ -1430,54 +1430,22 @@ void DispatcherImpl::Tick() {
 
 // ---- distributed_epoch: splits ------------------------------------------------------
 
-namespace {
-
-// Number of positions of a Range (as Python's len(range(...))).
-int64_t RangeLength(const proto::DatasetNode::Range& r) {
-  __int128 span = static_cast<__int128>(r.stop()) - r.start();
-  if (r.step() == 0 || (r.step() > 0 && span <= 0) || (r.step() < 0 && span >= 0)) return 0;
-  __int128 step = r.step();
-  if (step < 0) {
-    span = -span;
-    step = -step;
-  }
-  return static_cast<int64_t>((span + step - 1) / step);
-}
-
-absl::StatusOr<std::vector<std::string>> Glob(const std::string& pattern) {
-  auto files = GlobFiles(pattern);
-  if (files.ok()) return files;
-  return absl::Status(files.status().code(),
-                      absl::StrCat("distributed_epoch: ", files.status().message(),
-                                   " on the dispatcher (it lists the files to split them; "
-                                   "workers and the dispatcher must see the same file system)"));
-}
-
-}  // namespace
-
 absl::Status DispatcherImpl::PlanSplitProviderLocked(const Job& job,
                                                      proto::CreateIterationUpdate* u) {
-  const proto::DatasetNode& src = job.split_source;
-  u->set_has_splits(true);
-  u->set_split_elements(1);
-  switch (src.op_case()) {
-    case proto::DatasetNode::kRange:
-      u->set_positions(RangeLength(src.range()));
-      u->set_split_elements(std::max<int64_t>(1, config_.range_split_elements));
-      break;
-    case proto::DatasetNode::kFromTensors:
-      u->set_positions(src.from_tensors().elements_size());
-      break;
-    case proto::DatasetNode::kListFiles: {
-      auto files = Glob(src.list_files().pattern());
-      if (!files.ok()) return files.status();
-      for (std::string& f : *files) u->add_files(std::move(f));
-      u->set_positions(u->files_size());
-      break;
-    }
-    default:
-      return absl::InternalError("distributed_epoch job without a split source");
+  auto plan = SplitSourcePositions(job.split_source);
+  // NotFound / Unavailable: a ListFiles pattern, globbed here.
+  if (absl::IsNotFound(plan.status()) || absl::IsUnavailable(plan.status())) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("distributed_epoch: ", plan.status().message(),
+                                     " on the dispatcher (it lists the files to split them; "
+                                     "workers and the dispatcher must see the same file system)"));
   }
+  if (!plan.ok()) return plan.status();
+  u->set_has_splits(true);
+  u->set_positions(plan->positions);
+  u->set_split_elements(
+      plan->multi_position_splits ? std::max<int64_t>(1, config_.range_split_elements) : 1);
+  for (std::string& f : plan->files) u->add_files(std::move(f));
   return absl::OkStatus();
 }
 

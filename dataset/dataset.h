@@ -95,7 +95,11 @@ class Dataset {
   // iterator, and each epoch under Repeat, uses a different order.
   Dataset Shuffle(int64_t buffer_size, std::optional<uint64_t> seed = std::nullopt,
                   bool reshuffle_each_iteration = true) const;
-  // count = -1 repeats forever (stopping if an epoch is empty).
+  // `count` passes over the input, each a new iterator (tf.data's repeat):
+  // a finite count runs every pass, even empty ones; count = -1 repeats
+  // forever, ending at a pass that yields nothing -- unless the input reads
+  // from the service (Distribute, FromDatasetId), whose passes are the
+  // job's successive iterations: an empty one is passed over.
   Dataset Repeat(int64_t count = -1) const;
   Dataset Take(int64_t count) const;
   Dataset Skip(int64_t count) const;

@@ -109,6 +109,21 @@ struct SplitSourceInfo {
 // splittable source outside Interleave functions.
 absl::StatusOr<SplitSourceInfo> FindSplitSource(const proto::DatasetNode& root);
 
+// The positions one epoch of a split source has: what the dispatcher cuts
+// into splits (its split provider).
+struct SplitPositions {
+  int64_t positions = 0;
+  // Whether a split may cover several positions (a Range: the dispatcher's
+  // range_split_elements applies); otherwise every split is one position.
+  bool multi_position_splits = false;
+  std::vector<std::string> files;  // ListFiles: the file at each position, sorted
+};
+// The positions of `source` (SplitSourceInfo::source), from its op's
+// split-source traits (dataset/ops/). Internal when it is not a split
+// source; ListFiles' NotFound/Unavailable when its pattern matches nothing
+// or cannot be read.
+absl::StatusOr<SplitPositions> SplitSourcePositions(const proto::DatasetNode& source);
+
 // The files matching a glob pattern, sorted (what ListFiles yields):
 // NotFound when none match, Unavailable when the pattern cannot be read.
 absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern);

@@ -1,78 +1,35 @@
 // Static sharding: rewrites a pipeline so that worker `index` of
-// `num_shards` reads one shard of it (dataset_internal.h).
-#include <glob.h>
-
-#include <cstring>
-
+// `num_shards` reads one shard of it (dataset_internal.h). What each op
+// contributes (which input names files, shard hints) is declared in its
+// OpDef (dataset/ops/).
 #include "absl/strings/str_cat.h"
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset_internal.h"
+#include "sluice/dataset/ops/op.h"
 
 namespace sluice::internal {
-
-absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern) {
-  glob_t g;
-  std::memset(&g, 0, sizeof(g));
-  int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
-  std::vector<std::string> files;
-  if (rc == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) files.push_back(g.gl_pathv[i]);
-  }
-  globfree(&g);
-  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
-    return absl::NotFoundError(absl::StrCat("ListFiles: no files match '", pattern, "'"));
-  }
-  if (rc != 0) return absl::UnavailableError(absl::StrCat("ListFiles: cannot read '", pattern, "'"));
-  return files;
-}
 
 namespace {
 
 using N = proto::DatasetNode;
 
-// The input datasets of `n` (not Interleave's function).
-std::vector<N*> MutableInputs(N& n) {
-  switch (n.op_case()) {
-    case N::kReadRecords: return {n.mutable_read_records()->mutable_filenames()};
-    case N::kReadFixedLengthRecords:
-      return {n.mutable_read_fixed_length_records()->mutable_filenames()};
-    case N::kMap: return {n.mutable_map()->mutable_input()};
-    case N::kFilter: return {n.mutable_filter()->mutable_input()};
-    case N::kBatch: return {n.mutable_batch()->mutable_input()};
-    case N::kUnbatch: return {n.mutable_unbatch()->mutable_input()};
-    case N::kShuffle: return {n.mutable_shuffle()->mutable_input()};
-    case N::kRepeat: return {n.mutable_repeat()->mutable_input()};
-    case N::kTake: return {n.mutable_take()->mutable_input()};
-    case N::kSkip: return {n.mutable_skip()->mutable_input()};
-    case N::kShard: return {n.mutable_shard()->mutable_input()};
-    case N::kPrefetch: return {n.mutable_prefetch()->mutable_input()};
-    case N::kInterleave: return {n.mutable_interleave()->mutable_input()};
-    case N::kEnumerate: return {n.mutable_enumerate()->mutable_input()};
-    case N::kZip: {
-      std::vector<N*> out;
-      for (N& in : *n.mutable_zip()->mutable_inputs()) out.push_back(&in);
-      return out;
-    }
-    default: return {};
-  }
-}
-
 // Whether some node under `n` (Interleave functions included) satisfies `pred`.
 template <typename Pred>
 bool Contains(const N& n, const Pred& pred) {
   if (pred(n)) return true;
-  // The mutable accessors of fields that are set return them unchanged:
-  // nothing is written through `m`.
-  N& m = const_cast<N&>(n);
-  for (N* in : MutableInputs(m)) {
+  for (const N* in : InputsOf(n)) {
     if (Contains(*in, pred)) return true;
   }
-  return n.op_case() == N::kInterleave && Contains(n.interleave().fn(), pred);
+  const OpDef* op = FindOp(n.op_case());
+  return op != nullptr && op->function != nullptr && Contains(*op->function(n), pred);
 }
 
-bool IsReader(const N& n) {
-  return n.op_case() == N::kReadRecords || n.op_case() == N::kReadFixedLengthRecords;
+FileSharding FileShardingOf(const N& n) {
+  const OpDef* op = FindOp(n.op_case());
+  return op == nullptr ? FileSharding::kNone : op->file_sharding;
 }
+
+bool IsReader(const N& n) { return FileShardingOf(n) == FileSharding::kReadsFiles; }
 
 // Replaces `*n` by Shard(`*n`, num_shards, index).
 void WrapInShard(N* n, int64_t num_shards, int64_t index) {
@@ -86,12 +43,9 @@ void WrapInShard(N* n, int64_t num_shards, int64_t index) {
 
 // Number of files a file source yields, when known without reading them.
 absl::StatusOr<int64_t> KnownFiles(const N& n) {
-  if (n.op_case() == N::kListFiles) {
-    SLUICE_ASSIGN_OR_RETURN(auto files, GlobFiles(n.list_files().pattern()));
-    return static_cast<int64_t>(files.size());
-  }
-  if (n.op_case() == N::kFromTensors) return n.from_tensors().elements_size();
-  return kUnknownCardinality;
+  const OpDef* op = FindOp(n.op_case());
+  if (op == nullptr || op->known_files == nullptr) return kUnknownCardinality;
+  return op->known_files(n);
 }
 
 // Finds the file sources under `n` (outside Interleave functions) and wraps
@@ -109,31 +63,34 @@ absl::Status ShardFiles(N* n, int64_t num_shards, int64_t index, int* found) {
     ++*found;
     return absl::OkStatus();
   };
-  auto has_list_files = [](const N& x) { return x.op_case() == N::kListFiles; };
-  if (n->op_case() == N::kListFiles) return shard_here(n);
-  if (IsReader(*n) || (n->op_case() == N::kInterleave &&
-                       Contains(n->interleave().fn(), IsReader))) {
-    N* files = MutableInputs(*n)[0];
+  auto lists_files = [](const N& x) { return FileShardingOf(x) == FileSharding::kListsFiles; };
+  const FileSharding role = FileShardingOf(*n);
+  if (role == FileSharding::kListsFiles) return shard_here(n);
+  if (role == FileSharding::kReadsFiles ||
+      (role == FileSharding::kReadsFilesInFunction &&
+       Contains(*FindOp(n->op_case())->function(*n), IsReader))) {
+    N* files = MutableInputsOf(n)[0];
     // The file names come from a ListFiles further down: shard that one.
-    if (!Contains(*files, has_list_files)) return shard_here(files);
+    if (!Contains(*files, lists_files)) return shard_here(files);
   }
-  for (N* in : MutableInputs(*n)) SLUICE_RETURN_IF_ERROR(ShardFiles(in, num_shards, index, found));
+  for (N* in : MutableInputsOf(n)) SLUICE_RETURN_IF_ERROR(ShardFiles(in, num_shards, index, found));
   return absl::OkStatus();
 }
 
 bool IsHint(const N& n) {
-  return n.op_case() == N::kShard && n.shard().num_shards() == kShardHint;
+  const OpDef* op = FindOp(n.op_case());
+  return op != nullptr && op->is_shard_hint != nullptr && op->is_shard_hint(n);
 }
 
 void FillHints(N* n, int64_t num_shards, int64_t index, int* found) {
   if (IsHint(*n)) {
-    n->mutable_shard()->set_num_shards(num_shards);
-    n->mutable_shard()->set_index(index);
+    FindOp(n->op_case())->fill_shard_hint(n, num_shards, index);
     ++*found;
   }
-  for (N* in : MutableInputs(*n)) FillHints(in, num_shards, index, found);
-  if (n->op_case() == N::kInterleave) {
-    FillHints(n->mutable_interleave()->mutable_fn(), num_shards, index, found);
+  for (N* in : MutableInputsOf(n)) FillHints(in, num_shards, index, found);
+  const OpDef* op = FindOp(n->op_case());
+  if (op != nullptr && op->mutable_function != nullptr) {
+    FillHints(op->mutable_function(n), num_shards, index, found);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "dataset/dataset.pb.h"
 #include "sluice/core/crc32c.h"
 #include "sluice/dataset/dataset.h"
+#include "sluice/dataset/dataset_internal.h"
 #include "sluice/dataset/tfrecord.h"
 #include "sluice/dataset/udf.h"
 #include "tests/dataset/dataset_test_util.h"
@@ -317,6 +318,55 @@ TEST(DatasetTest, RepeatForeverOfAnEmptyDatasetEnds) {
   EXPECT_TRUE(v.empty());
   ASSERT_OK_AND_ASSIGN(auto w, CollectScalars<int64_t>(Dataset::Range(9).Filter(x > 100).Repeat()));
   EXPECT_TRUE(w.empty());
+}
+
+// A predicate over a 3-element input that keeps the elements of odd passes
+// only (it counts its calls): passes 0, 2, ... yield nothing.
+std::atomic<int64_t> g_keep_odd_pass_calls{0};
+absl::StatusOr<Element> KeepOddPasses(const Element&) {
+  const int64_t pass = g_keep_odd_pass_calls.fetch_add(1) / 3;
+  return Element{Tensor::Scalar<bool>(pass % 2 == 1)};
+}
+SLUICE_REGISTER_UDF(test_keep_odd_passes, KeepOddPasses,
+                    {.num_inputs = 1, .output_dtypes = {{DType::kBool}}});
+
+TEST(DatasetTest, FiniteRepeatRunsEveryRepetitionEvenEmptyOnes) {
+  // tf.data's repeat(count) runs all `count` repetitions: passes 0 and 2
+  // are empty, 1 and 3 are whole.
+  g_keep_odd_pass_calls = 0;
+  Dataset odd = Dataset::Range(3).Filter(Udf("test_keep_odd_passes"));
+  ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(odd.Repeat(4)));
+  EXPECT_THAT(v, ElementsAre(0, 1, 2, 0, 1, 2));
+  // Repeat forever ends on an empty repetition (its input reads no service).
+  g_keep_odd_pass_calls = 3;  // pass 1 (whole), then pass 2 (empty)
+  ASSERT_OK_AND_ASSIGN(auto w, CollectScalars<int64_t>(odd.Repeat()));
+  EXPECT_THAT(w, ElementsAre(0, 1, 2));
+}
+
+// Stands in for the client library: iterations 0 and 1 of the job are
+// already finished (a late consumer reads nothing), later ones yield 0..3.
+absl::StatusOr<std::unique_ptr<Iterator>> LateJoinerIterations(
+    const proto::DatasetNode::DataService&, int64_t repetition) {
+  return Dataset::Range(repetition < 2 ? 0 : 4).MakeIterator();
+}
+
+TEST(DatasetTest, RepeatOverAServiceDatasetGoesOnPastEmptyIterations) {
+  internal::SetDataServiceIteratorFactory(&LateJoinerIterations);
+  auto service = [] {
+    proto::DatasetNode n;
+    n.mutable_data_service()->set_dataset_id("1");
+    n.mutable_data_service()->set_max_outstanding_requests(1);
+    return internal::MakeDataServiceDataset(std::move(n), nullptr);
+  };
+  ASSERT_OK(service().status());
+  ASSERT_OK_AND_ASSIGN(auto finite, CollectScalars<int64_t>(service().Repeat(4)));
+  EXPECT_THAT(finite, ElementsAre(0, 1, 2, 3, 0, 1, 2, 3));
+  // Forever, with the service further down the input (tf.data looks
+  // through the inputs, not into Interleave functions).
+  ASSERT_OK_AND_ASSIGN(auto forever,
+                       CollectScalars<int64_t>(service().Take(100).Repeat().Take(10)));
+  EXPECT_THAT(forever, ElementsAre(0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
+  internal::SetDataServiceIteratorFactory(nullptr);
 }
 
 TEST(DatasetTest, ShardTakesEveryNth) {

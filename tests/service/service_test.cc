@@ -231,6 +231,35 @@ TEST_P(ServiceTest, ReadToTheEndJobNameYieldsEndOfInputToANewcomer) {
   EXPECT_TRUE(late.empty());
 }
 
+// tf.data's Repeat over a data-service dataset goes on to the next
+// iteration (repetition) of the job when one yields nothing: a consumer
+// joining a shared job whose iterations 0 and 1 are finished reads nothing
+// there and the whole of iterations 2, 3 and 4.
+TEST_P(ServiceTest, RepeatGoesOnPastSharedJobIterationsAlreadyFinished) {
+  StartService(1);
+  ASSERT_OK_AND_ASSIGN(auto first, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(
+                             Dataset::Range(10).Distribute(Options("late")).Repeat(2));
+                       }));
+  EXPECT_EQ(first.size(), 20u);
+  std::vector<int64_t> expected;
+  for (int k = 0; k < 3; ++k) {
+    for (int64_t i = 0; i < 10; ++i) expected.push_back(i);
+  }
+  // Repetitions 0 and 1 are empty, 2..4 whole: 30 elements.
+  ASSERT_OK_AND_ASSIGN(auto late, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(
+                             Dataset::Range(10).Distribute(Options("late")).Repeat(5));
+                       }));
+  EXPECT_THAT(late, UnorderedElementsAreArray(expected));
+  // Forever: iterations 0..4 are finished now; 5..7 give the 30.
+  ASSERT_OK_AND_ASSIGN(auto forever, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(
+                             Dataset::Range(10).Distribute(Options("late")).Repeat().Take(30));
+                       }));
+  EXPECT_THAT(forever, UnorderedElementsAreArray(expected));
+}
+
 TEST_P(ServiceTest, SameJobNameWithDifferentDatasetIsInvalidArgument) {
   StartService(1);
   ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(5).Distribute(Options("train")).MakeIterator());

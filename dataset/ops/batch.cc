@@ -1,0 +1,104 @@
+// Batch(batch_size, drop_remainder): consecutive elements stacked along a
+// new leading dimension.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/dataset/ops/op.h"
+
+namespace sluice::internal {
+namespace {
+
+absl::Status Analyze(Analysis& a, const ElementSpec*) {
+  const auto& b = a.node->batch();
+  SLUICE_ASSIGN_OR_RETURN(const Analysis* in, FirstInput(a, "Batch"));
+  if (b.batch_size() <= 0) {
+    return Invalid("Batch", absl::StrCat("batch_size must be > 0; got ", b.batch_size()));
+  }
+  a.spec.known = in->spec.known;
+  for (const auto& c : in->spec.components) {
+    ComponentSpec o = c;
+    if (c.shape) o.shape->insert(o.shape->begin(), b.drop_remainder() ? b.batch_size() : -1);
+    a.spec.components.push_back(std::move(o));
+  }
+  int64_t n = in->cardinality;
+  if (n >= 0) {
+    a.cardinality = b.drop_remainder() ? n / b.batch_size()
+                                       : (n + b.batch_size() - 1) / b.batch_size();
+  } else {
+    a.cardinality = n;
+  }
+  return absl::OkStatus();
+}
+
+// Stacks equal-shaped tensors along a new leading dimension.
+absl::StatusOr<Tensor> Stack(const std::vector<const Tensor*>& parts, size_t component) {
+  const Tensor& first = *parts[0];
+  std::vector<int64_t> dims = first.shape().dims();
+  dims.insert(dims.begin(), static_cast<int64_t>(parts.size()));
+  for (size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i]->dtype() != first.dtype() || parts[i]->shape() != first.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Batch: component ", component, " of batch element ", i, " is ",
+          DTypeName(parts[i]->dtype()), parts[i]->shape().ToString(), " but element 0's is ",
+          DTypeName(first.dtype()), first.shape().ToString(),
+          "; Batch needs equal shapes (Map them to a common shape first)"));
+    }
+  }
+  if (first.dtype() == DType::kString) {
+    std::vector<std::string_view> strs;
+    for (const Tensor* t : parts) {
+      for (int64_t k = 0; k < t->num_elements(); ++k) strs.push_back(t->str(k));
+    }
+    return MakeStringTensor(strs, TensorShape(std::move(dims)));
+  }
+  SLUICE_ASSIGN_OR_RETURN(Tensor out, Tensor::Allocate(first.dtype(), TensorShape(std::move(dims))));
+  size_t off = 0;
+  for (const Tensor* t : parts) {
+    if (t->byte_size()) std::memcpy(out.mutable_data() + off, t->data(), t->byte_size());
+    off += t->byte_size();
+  }
+  return out;
+}
+
+class BatchIterator : public UnaryIterator {
+ public:
+  using UnaryIterator::UnaryIterator;
+  Result Next() override {
+    const auto& b = node().batch();
+    std::vector<Element> batch;
+    while (static_cast<int64_t>(batch.size()) < b.batch_size()) {
+      SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
+      if (!e) break;
+      if (!batch.empty() && e->size() != batch[0].size()) {
+        return absl::InvalidArgumentError(absl::StrCat("Batch: elements have ", batch[0].size(),
+                                                       " and ", e->size(), " components"));
+      }
+      batch.push_back(std::move(*e));
+    }
+    if (batch.empty() ||
+        (b.drop_remainder() && static_cast<int64_t>(batch.size()) < b.batch_size())) {
+      return End();
+    }
+    Element out;
+    for (size_t c = 0; c < batch[0].size(); ++c) {
+      std::vector<const Tensor*> parts;
+      for (const auto& e : batch) parts.push_back(&e[c]);
+      SLUICE_ASSIGN_OR_RETURN(Tensor t, Stack(parts, c));
+      out.push_back(std::move(t));
+    }
+    return Some(std::move(out));
+  }
+};
+
+}  // namespace
+
+extern const OpDef kBatchOp = {
+    .name = "Batch",
+    .inputs = &InputField<&proto::DatasetNode::batch>,
+    .mutable_inputs = &MutableInputField<&proto::DatasetNode::mutable_batch>,
+    .analyze = &Analyze,
+    .make_iterator = &MakeUnaryIterator<BatchIterator>,
+    .split_passing = SplitPassing::kUntracked,
+};
+
+}  // namespace sluice::internal

@@ -1,0 +1,86 @@
+// ListFiles(pattern): the matching files, sorted, as string scalars; a
+// split source (one file per split) and what FILE sharding shards.
+#include <glob.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/dataset/ops/op.h"
+
+namespace sluice::internal {
+
+absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern) {
+  glob_t g;
+  std::memset(&g, 0, sizeof(g));
+  int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) files.push_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
+    return absl::NotFoundError(absl::StrCat("ListFiles: no files match '", pattern, "'"));
+  }
+  if (rc != 0) return absl::UnavailableError(absl::StrCat("ListFiles: cannot read '", pattern, "'"));
+  return files;
+}
+
+namespace {
+
+absl::Status Analyze(Analysis& a, const ElementSpec*) {
+  if (a.node->list_files().pattern().empty()) return Invalid("ListFiles", "empty pattern");
+  a.spec.components = {ScalarSpec(DType::kString)};
+  a.cardinality = kUnknownCardinality;
+  return absl::OkStatus();
+}
+
+// Globs when first pulled, so a missing file is an iteration error.
+class ListFilesIterator : public NodeIterator {
+ public:
+  using NodeIterator::NodeIterator;
+  Result Next() override {
+    if (!listed_) {
+      listed_ = true;
+      SLUICE_ASSIGN_OR_RETURN(files_, GlobFiles(node().list_files().pattern()));
+    }
+    if (i_ >= files_.size()) return End();
+    return Some({Tensor::String(files_[i_++])});
+  }
+
+ private:
+  bool listed_ = false;
+  std::vector<std::string> files_;
+  size_t i_ = 0;
+};
+
+// One file per split; the split carries its file's name.
+absl::StatusOr<SplitPositions> Positions(const proto::DatasetNode& node) {
+  SplitPositions p;
+  SLUICE_ASSIGN_OR_RETURN(p.files, GlobFiles(node.list_files().pattern()));
+  p.positions = static_cast<int64_t>(p.files.size());
+  return p;
+}
+
+absl::StatusOr<Element> ElementAt(const Analysis&, const Split& split, int64_t) {
+  return Element{Tensor::String(split.file)};
+}
+
+absl::StatusOr<int64_t> KnownFiles(const proto::DatasetNode& node) {
+  SLUICE_ASSIGN_OR_RETURN(SplitPositions p, Positions(node));
+  return p.positions;
+}
+
+const SplitSourceTraits kSplits = {.positions = &Positions, .element_at = &ElementAt};
+
+}  // namespace
+
+extern const OpDef kListFilesOp = {
+    .name = "ListFiles",
+    .analyze = &Analyze,
+    .make_iterator = &MakeSourceIterator<ListFilesIterator>,
+    .split_source = &kSplits,
+    .file_sharding = FileSharding::kListsFiles,
+    .known_files = &KnownFiles,
+};
+
+}  // namespace sluice::internal

@@ -1,0 +1,193 @@
+// The dataset op registry (internal).
+//
+// Everything sluice knows about one op lives in that op's file,
+// dataset/ops/<op>.cc, as one OpDef: its inputs, validation and analysis
+// (element spec, cardinality), its iterator, what static and dynamic
+// sharding do with it and, for a source that dynamic sharding can split,
+// its split-source traits. ops/registry.cc lists the ops, one line each,
+// keyed by the DatasetNode oneof case. The builder (dataset.cc), the
+// executor (executor.cc), static sharding (sharding.cc) and, through
+// SplitSourcePositions (dataset_internal.h), the dispatcher consult it.
+//
+// Adding an op: its message in DatasetNode's oneof (dataset.proto), the
+// file dataset/ops/<op>.cc that defines `extern const OpDef k<Name>Op`, one
+// line in ops/registry.cc, the file in dataset/CMakeLists.txt, and a
+// builder method (dataset.h/.cc). docs/datasets.md has an example.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "dataset/dataset.pb.h"
+#include "sluice/core/status.h"
+#include "sluice/dataset/dataset_internal.h"
+
+namespace sluice::internal {
+
+// ---- the traits one op file defines --------------------------------------
+
+// A source that distributed_epoch splits (Range, FromTensors, ListFiles):
+// the dispatcher cuts its positions into splits, and workers read them.
+struct SplitSourceTraits {
+  // The positions of one epoch of the source (ListFiles lists its files
+  // now: its NotFound/Unavailable errors are returned as they are).
+  absl::StatusOr<SplitPositions> (*positions)(const proto::DatasetNode& node) = nullptr;
+  // The element at source position `pos` of `split` (begin <= pos < end).
+  absl::StatusOr<Element> (*element_at)(const Analysis& a, const Split& split,
+                                        int64_t pos) = nullptr;
+};
+
+// How an op lets distributed_epoch's splits through (FindSplitSource).
+enum class SplitPassing : uint8_t {
+  kNone,       // the pipeline cannot be split through it (Placeholder, Distribute)
+  kTracked,    // output elements stay tied to the source element they came
+               // from, in order: they can be tagged with (split, index)
+  kUntracked,  // splits pass, the tie to source elements does not (Batch, Zip)
+};
+
+// What static FILE sharding (ApplyStaticSharding) does with an op.
+enum class FileSharding : uint8_t {
+  kNone,        // nothing: it looks further down the inputs
+  kListsFiles,  // yields file names itself (ListFiles): wrapped in a Shard
+  kReadsFiles,  // reads the files its first input names (ReadRecords,
+                // ReadFixedLengthRecords): that input is wrapped in a Shard,
+                // or the ListFiles under it is
+  kReadsFilesInFunction,  // as kReadsFiles when its per-element function
+                          // contains a kReadsFiles op (Interleave)
+};
+
+struct OpDef {
+  const char* name = nullptr;  // as errors name the op: "Range", "Distribute"
+
+  // ---- structure ----
+  // The input datasets in proto field order, not the function; null for a
+  // source.
+  std::vector<const proto::DatasetNode*> (*inputs)(const proto::DatasetNode& node) = nullptr;
+  std::vector<proto::DatasetNode*> (*mutable_inputs)(proto::DatasetNode* node) = nullptr;
+  // The dataset the op builds per input element over a Placeholder
+  // (Interleave's function): analyzed into Analysis::sub with the input's
+  // element spec as the placeholder's.
+  const proto::DatasetNode* (*function)(const proto::DatasetNode& node) = nullptr;
+  proto::DatasetNode* (*mutable_function)(proto::DatasetNode* node) = nullptr;
+
+  // ---- analysis ----
+  // Validates `a.node` against its analyzed inputs (`a.inputs`, `a.sub`
+  // set) and fills in the rest of `a`: spec, cardinality and whatever its
+  // iterator needs. `placeholder` is the spec a Placeholder stands for
+  // (null outside an Interleave function). Errors are InvalidArgument
+  // naming the op.
+  absl::Status (*analyze)(Analysis& a, const ElementSpec* placeholder) = nullptr;
+
+  // ---- execution ----
+  // A fresh iterator; the caller makes its end and errors sticky.
+  absl::StatusOr<std::unique_ptr<Iterator>> (*make_iterator)(
+      std::shared_ptr<const Analysis> a, const IteratorContext& ctx) = nullptr;
+  // Each iterator reads the next iteration of a service job, so one pass
+  // that yields nothing says nothing of the next (Repeat goes on).
+  bool reads_service_iterations = false;
+
+  // ---- dynamic sharding (distributed_epoch) ----
+  const SplitSourceTraits* split_source = nullptr;  // non-null: a split source
+  SplitPassing split_passing = SplitPassing::kNone;
+
+  // ---- static sharding ----
+  FileSharding file_sharding = FileSharding::kNone;
+  // How many elements (file names) the op yields, when known without
+  // running it (ListFiles globs, FromTensors counts): FILE sharding refuses
+  // fewer files than workers. Null: not known.
+  absl::StatusOr<int64_t> (*known_files)(const proto::DatasetNode& node) = nullptr;
+  // Shard: whether `node` is Shard(kShardHint, kShardHint), and filling it in.
+  bool (*is_shard_hint)(const proto::DatasetNode& node) = nullptr;
+  void (*fill_shard_hint)(proto::DatasetNode* node, int64_t num_shards, int64_t index) = nullptr;
+};
+
+// ---- the registry (ops/registry.cc) ---------------------------------------
+
+// The op of a oneof case; null for OP_NOT_SET.
+const OpDef* FindOp(proto::DatasetNode::OpCase op_case);
+
+// `node`'s input datasets (OpDef::inputs); none for a source or an empty node.
+std::vector<const proto::DatasetNode*> InputsOf(const proto::DatasetNode& node);
+std::vector<proto::DatasetNode*> MutableInputsOf(proto::DatasetNode* node);
+
+// OpDef::inputs / mutable_inputs of an op whose one input is the field
+// `input` of its message, given the message's accessor:
+//   .inputs = &InputField<&proto::DatasetNode::map>,
+//   .mutable_inputs = &MutableInputField<&proto::DatasetNode::mutable_map>,
+template <auto kMessage>
+std::vector<const proto::DatasetNode*> InputField(const proto::DatasetNode& node) {
+  return {&(node.*kMessage)().input()};
+}
+template <auto kMutableMessage>
+std::vector<proto::DatasetNode*> MutableInputField(proto::DatasetNode* node) {
+  return {(node->*kMutableMessage)()->mutable_input()};
+}
+
+// ---- helpers for analysis -------------------------------------------------
+
+// InvalidArgument "<op>: <msg>".
+absl::Status Invalid(absl::string_view op, absl::string_view msg);
+
+// The first input's analysis; InvalidArgument naming `op` when there is none.
+absl::StatusOr<const Analysis*> FirstInput(const Analysis& a, absl::string_view op);
+
+inline ComponentSpec ScalarSpec(DType d) { return ComponentSpec{d, std::vector<int64_t>{}}; }
+
+// ---- helpers for iterators ------------------------------------------------
+
+using Result = absl::StatusOr<std::optional<Element>>;
+using AnalysisPtr = std::shared_ptr<const Analysis>;
+
+inline Result End() { return std::optional<Element>(); }
+inline Result Some(Element e) { return std::optional<Element>(std::move(e)); }
+
+// Mixes two 64-bit values (seeds and salts of shuffles per epoch/element).
+inline uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+// Holds the analysis (and so the definition) alive for the iterator's life.
+class NodeIterator : public Iterator {
+ public:
+  explicit NodeIterator(AnalysisPtr a) : a_(std::move(a)) {}
+
+ protected:
+  const proto::DatasetNode& node() const { return *a_->node; }
+  AnalysisPtr a_;
+};
+
+// An op with one input iterator.
+class UnaryIterator : public NodeIterator {
+ public:
+  UnaryIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
+      : NodeIterator(std::move(a)), in_(std::move(in)) {}
+
+ protected:
+  std::unique_ptr<Iterator> in_;
+};
+
+// OpDef::make_iterator of an op whose iterator is It(analysis, input iterator).
+template <typename It>
+absl::StatusOr<std::unique_ptr<Iterator>> MakeUnaryIterator(AnalysisPtr a,
+                                                            const IteratorContext& ctx) {
+  SLUICE_ASSIGN_OR_RETURN(auto in, MakeNodeIterator(a->inputs[0], ctx));
+  return std::unique_ptr<Iterator>(new It(std::move(a), std::move(in)));
+}
+
+// OpDef::make_iterator of a source whose iterator is It(analysis).
+template <typename It>
+absl::StatusOr<std::unique_ptr<Iterator>> MakeSourceIterator(AnalysisPtr a,
+                                                             const IteratorContext&) {
+  return std::unique_ptr<Iterator>(new It(std::move(a)));
+}
+
+}  // namespace sluice::internal

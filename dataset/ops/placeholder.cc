@@ -1,0 +1,48 @@
+// Placeholder: the element an Interleave feeds its function; valid only
+// inside Interleave.fn.
+#include "sluice/dataset/ops/op.h"
+
+namespace sluice::internal {
+namespace {
+
+absl::Status Analyze(Analysis& a, const ElementSpec* placeholder) {
+  if (placeholder == nullptr) {
+    return Invalid("Placeholder", "only valid inside an Interleave function");
+  }
+  a.spec = *placeholder;
+  a.cardinality = 1;
+  return absl::OkStatus();
+}
+
+class PlaceholderIterator : public NodeIterator {
+ public:
+  PlaceholderIterator(AnalysisPtr a, Element e) : NodeIterator(std::move(a)), e_(std::move(e)) {}
+  Result Next() override {
+    if (done_) return End();
+    done_ = true;
+    return Some(std::move(e_));
+  }
+
+ private:
+  Element e_;
+  bool done_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {
+  if (ctx.placeholder == nullptr) {
+    return absl::InvalidArgumentError("Placeholder is only valid inside Interleave");
+  }
+  return std::unique_ptr<Iterator>(new PlaceholderIterator(std::move(a), *ctx.placeholder));
+}
+
+}  // namespace
+
+// Not splittable: a pipeline split by distributed_epoch has no Placeholder
+// outside Interleave functions.
+extern const OpDef kPlaceholderOp = {
+    .name = "Placeholder",
+    .analyze = &Analyze,
+    .make_iterator = &MakeIterator,
+};
+
+}  // namespace sluice::internal

@@ -1,0 +1,104 @@
+// Repeat(count): the input `count` times (-1: forever).
+#include "absl/strings/str_cat.h"
+#include "sluice/dataset/ops/op.h"
+
+namespace sluice::internal {
+namespace {
+
+int64_t MulCard(int64_t n, int64_t k) {
+  if (n == kUnknownCardinality || k == kUnknownCardinality) return kUnknownCardinality;
+  if (n == 0 || k == 0) return 0;
+  if (n == kInfiniteCardinality || k == kInfiniteCardinality) return kInfiniteCardinality;
+  return n * k;
+}
+
+absl::Status Analyze(Analysis& a, const ElementSpec*) {
+  SLUICE_ASSIGN_OR_RETURN(const Analysis* in, FirstInput(a, "Repeat"));
+  int64_t c = a.node->repeat().count();
+  if (c < -1) return Invalid("Repeat", absl::StrCat("count must be >= -1; got ", c));
+  a.spec = in->spec;
+  a.cardinality = MulCard(in->cardinality, c == -1 ? kInfiniteCardinality : c);
+  return absl::OkStatus();
+}
+
+// Whether `a` or one of its inputs (transitively; not Interleave
+// functions) reads iterations of a service job, as tf.data's
+// HasDataServiceInput.
+bool ReadsServiceIterations(const Analysis& a) {
+  if (FindOp(a.node->op_case())->reads_service_iterations) return true;
+  for (const auto& in : a.inputs) {
+    if (ReadsServiceIterations(*in)) return true;
+  }
+  return false;
+}
+
+// tf.data's repeat: a finite count runs every repetition, even empty ones.
+// Forever, a repetition that yields nothing ends it (the input is empty;
+// going on would spin) except
+// - when the input reads from the service: each repetition is the job's
+//   next iteration, and one already read to the end by other consumers of
+//   a shared job says nothing of the next;
+// - under dynamic sharding, when other workers took the epoch's splits.
+class RepeatIterator : public NodeIterator {
+ public:
+  RepeatIterator(AnalysisPtr a, const IteratorContext& ctx)
+      : NodeIterator(std::move(a)), ctx_(ctx),
+        reads_service_(ReadsServiceIterations(*a_->inputs[0])) {
+    // Inputs are rebuilt every epoch, after the caller's placeholder element
+    // may be gone: keep a copy.
+    if (ctx.placeholder != nullptr) {
+      placeholder_ = *ctx.placeholder;
+      ctx_.placeholder = &*placeholder_;
+    }
+  }
+  Result Next() override {
+    const int64_t count = node().repeat().count();
+    while (count == -1 || epoch_ < count) {
+      if (in_ == nullptr) {
+        IteratorContext ctx = ctx_;
+        ctx.salt = Mix(ctx_.salt, static_cast<uint64_t>(epoch_));
+        SLUICE_ASSIGN_OR_RETURN(in_, MakeNodeIterator(a_->inputs[0], ctx));
+        produced_this_epoch_ = false;
+      }
+      SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
+      if (e) {
+        produced_this_epoch_ = true;
+        return e;
+      }
+      in_.reset();
+      ++epoch_;
+      if (count == -1 && !produced_this_epoch_ && EmptyEpochEnds(epoch_ - 1)) return End();
+    }
+    return End();
+  }
+
+ private:
+  bool EmptyEpochEnds(int64_t epoch) const {
+    if (reads_service_) return false;
+    return ctx_.splits == nullptr || !ctx_.splits->EpochHadSplits(epoch);
+  }
+
+  std::optional<Element> placeholder_;
+  IteratorContext ctx_;
+  const bool reads_service_;
+  std::unique_ptr<Iterator> in_;
+  int64_t epoch_ = 0;
+  bool produced_this_epoch_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {
+  return std::unique_ptr<Iterator>(new RepeatIterator(std::move(a), ctx));
+}
+
+}  // namespace
+
+extern const OpDef kRepeatOp = {
+    .name = "Repeat",
+    .inputs = &InputField<&proto::DatasetNode::repeat>,
+    .mutable_inputs = &MutableInputField<&proto::DatasetNode::mutable_repeat>,
+    .analyze = &Analyze,
+    .make_iterator = &MakeIterator,
+    .split_passing = SplitPassing::kTracked,
+};
+
+}  // namespace sluice::internal
