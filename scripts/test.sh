@@ -2,7 +2,9 @@
 # Installs dependencies, builds sluice and runs every test.
 #
 #   scripts/test.sh             default build + ctest, the fault tests 5 more times,
-#                               then the ASan/UBSan build + ctest
+#                               the release build (tests built, not run), then the
+#                               ASan/UBSan build + ctest
+#   SLUICE_RELEASE=0 scripts/test.sh   skip the release build
 #   SLUICE_ASAN=0 scripts/test.sh   skip the sanitizer pass
 #   SLUICE_FAULT_REPEAT=N           repeat the fault tests N times (default 5; 0 skips)
 set -euo pipefail
@@ -28,6 +30,13 @@ FAULT_REPEAT=${SLUICE_FAULT_REPEAT:-5}
 if [ "$FAULT_REPEAT" != "0" ]; then
   echo "== sluice: fault tests x$FAULT_REPEAT (default)"
   ctest --preset default -L fault --repeat "until-fail:$FAULT_REPEAT" -j "$JOBS"
+fi
+# The release preset the README tells users to build (-O3 finds warnings
+# the other presets do not): built in full, tests included, not run.
+if [ "${SLUICE_RELEASE:-1}" != "0" ]; then
+  echo "== sluice: configure + build (release)"
+  cmake --preset release >/dev/null
+  cmake --build --preset release -j "$JOBS"
 fi
 if [ "${SLUICE_ASAN:-1}" != "0" ]; then
   run_preset asan

@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataplane/element_transport.h"
@@ -134,7 +135,7 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
 TEST_F(UcxTransportTest, ABatchArrivesInOrderInOneReplyWithoutClientCopies) {
   for (int i = 0; i < 300; ++i) {
     if (i % 50 == 7) {
-      batch_.push_back({Tensor::Strings({"s" + std::to_string(i), ""}), Pattern(0, 0)});
+      batch_.push_back({Tensor::Strings({absl::StrCat("s", i), ""}), Pattern(0, 0)});
     } else {
       batch_.push_back({Tensor::Scalar<int64_t>(i), Pattern(static_cast<size_t>(i * 13), 1)});
     }
