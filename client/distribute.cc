@@ -6,10 +6,13 @@
 //    iteration's tasks, lost tasks, failure and end;
 //  - min(max_outstanding_requests, kMaxFetchers) fetcher threads each keep
 //    one GetElement in flight, on the readable task with the fewest in
-//    flight (round-robin among equals), so at most max_outstanding_requests
-//    replies are requested or buffered at once. A UCX reply batches small
-//    elements that were ready together (at most kMaxElementsPerReply,
-//    kMaxBytesPerReply of frames); a larger element comes alone.
+//    flight (round-robin among equals), so at most
+//    max_outstanding_requests replies are requested, held or buffered at
+//    once. A UCX reply batches small elements that were ready together (at
+//    most kMaxElementsPerReply, kMaxBytesPerReply of frames, and in a
+//    shared job the consumer's fair share: worker/task_runner.h); a larger
+//    element comes alone. A task's replies are delivered in the order its
+//    worker handed them out (HoldLocked), across tasks as they come.
 //    Coordinated reads: each fetcher instead takes the next round and asks
 //    that round's task for this consumer's element; rounds are delivered in
 //    order, at most max_outstanding_requests of them requested or buffered.
@@ -195,6 +198,17 @@ class DataServiceIterator final : public Iterator {
   }
 
  private:
+  // A reply of a task that arrived before an earlier one of the same task:
+  // `count` elements from its seq on (`elements`: those not dropped as
+  // duplicates), and `horizon`, the number of requests sent to the task
+  // when it arrived (every request that can carry an earlier reply is
+  // numbered below it).
+  struct HeldReply {
+    int64_t count = 0;
+    std::vector<Element> elements;
+    int64_t horizon = 0;
+  };
+
   struct Task {
     int64_t id = 0;
     std::string worker;
@@ -209,6 +223,15 @@ class DataServiceIterator final : public Iterator {
     // distributed_epoch: elements received per split, not yet acknowledged
     // to the worker (the next request to it carries them).
     std::map<int64_t, int64_t> unacked;
+    // Per-task order (see HoldLocked): the seq of the next element to
+    // deliver, the replies that arrived ahead of an earlier one (by seq),
+    // and the requests in flight to this task (numbered in sending order).
+    // INVARIANT: held is empty when outstanding is (ReleaseHeldLocked runs
+    // after every reply).
+    int64_t next_seq = 0;
+    std::map<int64_t, HeldReply> held;
+    int64_t requests_sent = 0;
+    std::set<int64_t> outstanding;
   };
 
   // Deduplication state of one split: indices [0, prefix) and `beyond`
@@ -423,17 +446,22 @@ class DataServiceIterator final : public Iterator {
     while (true) {
       std::shared_ptr<ElementTransport> transport;
       int64_t task_id;
+      int64_t request_number;
       ElementRequest req;
       {
         absl::MutexLock l(&mu_);
         while (true) {
           if (stop_ || !error_.ok() || DoneLocked()) return;
           Task* t = nullptr;
-          if (static_cast<int64_t>(results_.size()) + in_flight_ < max) t = PickTaskLocked();
+          const int64_t free =
+              max - static_cast<int64_t>(results_.size()) - held_replies_ - in_flight_;
+          if (free > 0) t = PickTaskLocked();
           if (t != nullptr) {
             transport = t->transport;
             task_id = t->id;
             ++t->in_flight;
+            request_number = t->requests_sent++;
+            t->outstanding.insert(request_number);
             // Acknowledged once sent: a lost request's acks are not resent
             // (an ack counted twice could complete a split too early); the
             // worker's ack timeout covers them.
@@ -455,6 +483,9 @@ class DataServiceIterator final : public Iterator {
       req.task_id = task_id;
       req.consumer_index = node_.consumer_index();
       req.wait = kElementWait;
+      req.client_id = client_id_;
+      req.max_outstanding = std::min<int64_t>(max, kMaxFetchers);
+      req.shared_job = !node_.job_name().empty();
       req.max_elements = kMaxElementsPerReply;
       req.max_bytes = kMaxBytesPerReply;
       auto r = transport->GetElement(req);
@@ -464,45 +495,93 @@ class DataServiceIterator final : public Iterator {
       auto it = tasks_.find(task_id);
       if (it == tasks_.end()) continue;
       Task& t = it->second;
+      t.outstanding.erase(request_number);
       if (--t.in_flight == 0 && t.lost) ForgetCompletedSplitsLocked();
-      if (r.ok()) {
-        t.failures = 0;
-        if (r->end_of_sequence) {
-          t.end_of_sequence = true;
-        } else if (!r->not_ready && !r->elements.empty()) {
-          t.received += static_cast<int64_t>(r->elements.size());
-          GetCounters().elements += static_cast<int64_t>(r->elements.size());
-          GetCounters().bytes += static_cast<int64_t>(r->bytes);
-          std::vector<Element> fresh;
-          fresh.reserve(r->elements.size());
-          for (size_t i = 0; i < r->elements.size(); ++i) {
-            SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
-            if (pos.split_id > 0) ++t.unacked[pos.split_id];
-            if (FirstDeliveryLocked(pos.split_id, pos.index)) {
-              fresh.push_back(std::move(r->elements[i]));
-            } else {
-              GetCounters().duplicates++;  // a reassigned split's element we already have
-            }
+      HandleReplyLocked(t, std::move(r));
+      ReleaseHeldLocked(t);
+    }
+  }
+
+  // One reply (or failure) of a request to `t`.
+  void HandleReplyLocked(Task& t, absl::StatusOr<ElementResult> r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (r.ok()) {
+      t.failures = 0;
+      if (r->end_of_sequence) {
+        t.end_of_sequence = true;
+      } else if (!r->not_ready && !r->elements.empty()) {
+        t.received += static_cast<int64_t>(r->elements.size());
+        GetCounters().elements += static_cast<int64_t>(r->elements.size());
+        GetCounters().bytes += static_cast<int64_t>(r->bytes);
+        std::vector<Element> fresh;
+        fresh.reserve(r->elements.size());
+        for (size_t i = 0; i < r->elements.size(); ++i) {
+          SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
+          if (pos.split_id > 0) ++t.unacked[pos.split_id];
+          if (FirstDeliveryLocked(pos.split_id, pos.index)) {
+            fresh.push_back(std::move(r->elements[i]));
+          } else {
+            GetCounters().duplicates++;  // a reassigned split's element we already have
           }
-          if (!fresh.empty()) results_.push_back(std::move(fresh));
         }
-        continue;
+        HoldLocked(t, r->seq, static_cast<int64_t>(r->elements.size()), std::move(fresh));
       }
-      if (stop_ || t.lost) continue;
-      absl::Status s = r.status();
-      if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) {
-        // The worker may be restarting or gone; the dispatcher decides
-        // (it marks the task lost after worker_timeout_ms).
-        GetCounters().worker_errors++;
-        if (t.failures++ == 0) {
-          spdlog::warn("sluice client: task {} on worker {}: {}; retrying", t.id, t.worker,
-                       std::string(s.message()));
-        }
-        t.retry_after = absl::Now() + std::min(absl::Milliseconds(20) * (1 << std::min(t.failures, 6)),
-                                               absl::Seconds(1));
-        continue;
+      return;
+    }
+    if (stop_ || t.lost) return;
+    absl::Status s = r.status();
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) {
+      // The worker may be restarting or gone; the dispatcher decides
+      // (it marks the task lost after worker_timeout_ms).
+      GetCounters().worker_errors++;
+      if (t.failures++ == 0) {
+        spdlog::warn("sluice client: task {} on worker {}: {}; retrying", t.id, t.worker,
+                     std::string(s.message()));
       }
-      if (error_.ok()) error_ = s;  // the worker's own error, e.g. the dataset failed
+      t.retry_after = absl::Now() + std::min(absl::Milliseconds(20) * (1 << std::min(t.failures, 6)),
+                                             absl::Seconds(1));
+      return;
+    }
+    if (error_.ok()) error_ = s;  // the worker's own error, e.g. the dataset failed
+  }
+
+  // Per-task order. The worker numbers the elements it hands this consumer
+  // from a task (a reply's seq is its first element's; ElementResult::seq)
+  // in production order, but replies of concurrent requests arrive in any
+  // order: a reply is held until the replies before it were delivered.
+  // A reply with no seq (-1), or one behind what was delivered, is
+  // delivered as it comes (never dropped). Across tasks, replies are
+  // delivered as they become deliverable (interleaved).
+  void HoldLocked(Task& t, int64_t seq, int64_t count, std::vector<Element> elements)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (seq < t.next_seq || t.held.count(seq)) {
+      if (!elements.empty()) results_.push_back(std::move(elements));
+      return;
+    }
+    t.held.emplace(seq, HeldReply{count, std::move(elements), t.requests_sent});
+    ++held_replies_;
+  }
+
+  // Delivers `t`'s held replies that are next in seq order. A gap below
+  // the first held reply is given up when no request that can fill it is
+  // left: the worker handed out the missing elements before that reply,
+  // so to a request sent before it arrived (numbered below its horizon);
+  // once none of those is in flight, the missing reply was lost (the
+  // worker died, the request failed or was cancelled after the worker had
+  // taken its elements) and waiting longer would stall the task forever.
+  // A lost task's requests are cancelled, so its held replies are then
+  // delivered too, as today's late replies of a lost task are.
+  void ReleaseHeldLocked(Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!t.held.empty()) {
+      auto first = t.held.begin();
+      if (first->first != t.next_seq && !t.outstanding.empty() &&
+          *t.outstanding.begin() < first->second.horizon) {
+        return;  // an earlier reply may still come
+      }
+      t.next_seq = first->first + first->second.count;
+      if (!first->second.elements.empty()) results_.push_back(std::move(first->second.elements));
+      t.held.erase(first);
+      --held_replies_;
     }
   }
 
@@ -639,6 +718,9 @@ class DataServiceIterator final : public Iterator {
   // the first.
   std::deque<std::vector<Element>> results_ ABSL_GUARDED_BY(mu_);
   size_t next_in_batch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Replies held for per-task order (Task::held), across tasks; they count
+  // against max_outstanding_requests like results_.
+  int64_t held_replies_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rr_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
