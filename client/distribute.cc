@@ -6,7 +6,8 @@
 //    iteration's tasks, lost tasks, failure and end;
 //  - min(max_outstanding_requests, kMaxFetchers) fetcher threads each keep
 //    one GetElement in flight, on the readable task with the fewest in
-//    flight (round-robin among equals), so at most
+//    flight (round-robin among equals; a task with nothing ready gets only
+//    quick probes while another has elements: PickTaskLocked), so at most
 //    max_outstanding_requests replies are requested, held or buffered at
 //    once. A UCX reply batches small elements that were ready together (at
 //    most kMaxElementsPerReply, kMaxBytesPerReply of frames, and in a
@@ -232,6 +233,8 @@ class DataServiceIterator final : public Iterator {
     std::map<int64_t, HeldReply> held;
     int64_t requests_sent = 0;
     std::set<int64_t> outstanding;
+    // Its last reply was not_ready: the worker had nothing buffered.
+    bool idle = false;
   };
 
   // Deduplication state of one split: indices [0, prefix) and `beyond`
@@ -419,25 +422,65 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
-  // Picks the readable task with the fewest requests in flight, the first
-  // after `rr_` among equals; null if none. Preferring the least loaded
+  // Picks the task for the next request and the request's wait, or null
+  // if no task may be asked now; `free` > 0 request slots are free
+  // (max_outstanding_requests minus replies requested, held or buffered).
+  // Among the tasks that may be asked, the one with the fewest requests in
+  // flight, the first after `rr_` among equals: preferring the least loaded
   // keeps fetchers from piling up on a task with nothing ready (each such
   // request waits up to kElementWait) while another has elements buffered.
-  Task* PickTaskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::Time now = absl::Now();
+  //
+  // The last free slot is never parked (a request that may wait
+  // kElementWait for an element) when that could hold up elements: it gets
+  // a probe (wait 0; the worker answers at once) instead
+  //  - while another task than the one asked is busy (its last reply had
+  //    elements). With one slot (max_outstanding_requests = 1) every other
+  //    request used to wait kElementWait on a task with nothing to give --
+  //    in distributed_epoch the task of a worker that read its last split
+  //    and waits for the epoch's end, which needs the acknowledgements of
+  //    the other task's elements -- and the client ran at ~2 elements per
+  //    kElementWait;
+  //  - in distributed_epoch while other requests are in flight: with every
+  //    slot parked, the acknowledgements of the last elements received
+  //    could not be sent, and the epoch's end waited for a parked request
+  //    to time out.
+  // A task whose last reply was not_ready (idle) gets at most one request
+  // at a time while another task is busy, and a probe of an idle task
+  // needs a reply with elements since the last one (probe_allowed_), so
+  // probes never spin. With nothing in flight a request may always wait.
+  Task* PickTaskLocked(int64_t free, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time now = absl::Now();
+    auto readable = [now](const Task& t) {
+      return !t.end_of_sequence && !t.lost && t.retry_after <= now;
+    };
+    int64_t busy = 0;
+    for (const auto& [id, t] : tasks_) busy += readable(t) && !t.idle;
+    // Whether another task than `t` is busy.
+    auto others_busy = [busy](const Task& t) { return busy > (t.idle ? 0 : 1); };
+    // Whether a request to `t` now is a probe.
+    auto probe = [&](const Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return free < 2 && (others_busy(t) || (distributed_ && in_flight_ > 0));
+    };
     auto start = tasks_.upper_bound(rr_);
     Task* best = nullptr;
     for (int pass = 0; pass < 2; ++pass) {
       for (auto it = pass == 0 ? start : tasks_.begin(); it != tasks_.end(); ++it) {
         if (pass == 1 && it == start) break;
         Task& t = it->second;
-        if (!t.end_of_sequence && !t.lost && t.retry_after <= now &&
-            (best == nullptr || t.in_flight < best->in_flight)) {
-          best = &t;
+        if (!readable(t)) continue;
+        if (t.idle && ((others_busy(t) && t.in_flight > 0) || (probe(t) && !probe_allowed_))) {
+          continue;
         }
+        if (best == nullptr || t.in_flight < best->in_flight) best = &t;
       }
     }
-    if (best != nullptr) rr_ = best->id;
+    if (best == nullptr) return nullptr;
+    rr_ = best->id;
+    *wait = kElementWait;
+    if (probe(*best)) {
+      *wait = absl::ZeroDuration();
+      if (best->idle) probe_allowed_ = false;
+    }
     return best;
   }
 
@@ -455,7 +498,7 @@ class DataServiceIterator final : public Iterator {
           Task* t = nullptr;
           const int64_t free =
               max - static_cast<int64_t>(results_.size()) - held_replies_ - in_flight_;
-          if (free > 0) t = PickTaskLocked();
+          if (free > 0) t = PickTaskLocked(free, &req.wait);
           if (t != nullptr) {
             transport = t->transport;
             task_id = t->id;
@@ -482,7 +525,6 @@ class DataServiceIterator final : public Iterator {
       }
       req.task_id = task_id;
       req.consumer_index = node_.consumer_index();
-      req.wait = kElementWait;
       req.client_id = client_id_;
       req.max_outstanding = std::min<int64_t>(max, kMaxFetchers);
       req.shared_job = !node_.job_name().empty();
@@ -509,7 +551,11 @@ class DataServiceIterator final : public Iterator {
       t.failures = 0;
       if (r->end_of_sequence) {
         t.end_of_sequence = true;
-      } else if (!r->not_ready && !r->elements.empty()) {
+      } else if (r->not_ready || r->elements.empty()) {
+        t.idle = true;
+      } else {
+        t.idle = false;
+        probe_allowed_ = true;
         t.received += static_cast<int64_t>(r->elements.size());
         GetCounters().elements += static_cast<int64_t>(r->elements.size());
         GetCounters().bytes += static_cast<int64_t>(r->bytes);
@@ -721,6 +767,8 @@ class DataServiceIterator final : public Iterator {
   // Replies held for per-task order (Task::held), across tasks; they count
   // against max_outstanding_requests like results_.
   int64_t held_replies_ ABSL_GUARDED_BY(mu_) = 0;
+  // A probe of an idle task may be sent (see PickTaskLocked).
+  bool probe_allowed_ ABSL_GUARDED_BY(mu_) = true;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rr_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;

@@ -614,6 +614,48 @@ TEST_P(ServiceTest, DistributedEpochDeliversEachElementExactlyOnce) {
   EXPECT_THAT(odd, UnorderedElementsAreArray(want_odd));
 }
 
+// (x, 300 KiB of zeros): an element that travels alone in a reply on
+// every path.
+absl::StatusOr<Element> PadTo300KiB(const Element& in) {
+  return Element{in[0], Tensor::FromVector(std::vector<uint8_t>(300 << 10))};
+}
+SLUICE_REGISTER_UDF(test_pad_300k, PadTo300KiB, {.num_inputs = 1});
+
+// distributed_epoch with one request allowed runs at the workers' pace, not
+// at a poll interval's (a worker done with its splits waits for the
+// epoch's end, which needs the other worker's elements acknowledged; a
+// request parked on it held up the only request slot). Compared with
+// eight requests in the same run (a generous ratio), not against a clock.
+// Large elements too, which UCX cannot batch.
+TEST_P(ServiceTest, DistributedEpochOneOutstandingRequestKeepsUpWithTheWorkers) {
+  StartService(2);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  const std::pair<std::string, Dataset> cases[] = {
+      {"Range(100)", Dataset::Range(100)},
+      {"Range(100) of 300 KiB elements", Dataset::Range(100).Map(Udf("test_pad_300k"))}};
+  for (const auto& [name, ds] : cases) {
+    SCOPED_TRACE(name);
+    auto time_epoch = [&](int64_t outstanding) -> absl::StatusOr<absl::Duration> {
+      o.max_outstanding_requests = outstanding;
+      absl::Time start = absl::Now();
+      SLUICE_ASSIGN_OR_RETURN(auto v, WithHangGuard([&] {
+                                return CollectScalars<int64_t>(ds.Distribute(o));
+                              }));
+      absl::Duration took = absl::Now() - start;
+      EXPECT_THAT(v, UnorderedElementsAreArray(Iota(100)));
+      return took;
+    };
+    ASSERT_OK_AND_ASSIGN(absl::Duration eight, time_epoch(8));
+    ASSERT_OK_AND_ASSIGN(absl::Duration one, time_epoch(1));
+    std::printf("distributed_epoch %s over 2 workers (%s): max_outstanding_requests=8 %s, "
+                "=1 %s\n",
+                name.c_str(), GetParam().c_str(), absl::FormatDuration(eight).c_str(),
+                absl::FormatDuration(one).c_str());
+    EXPECT_LT(one, 10 * eight + absl::Milliseconds(500)) << "one: " << one << " eight: " << eight;
+  }
+}
+
 TEST_P(ServiceTest, DistributedEpochWithRepeatOnTheWorkersGivesEveryEpoch) {
   StartService(3, SmallSplits(4));
   DistributeOptions o = Options();
