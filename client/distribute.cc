@@ -6,10 +6,14 @@
 //    iteration's tasks, lost tasks, failure and end;
 //  - min(max_outstanding_requests, kMaxFetchers) fetcher threads each keep
 //    one GetElement in flight, on the readable task with the fewest in
-//    flight (round-robin among equals), so at most max_outstanding_requests
-//    replies are requested or buffered at once. A UCX reply batches small
-//    elements that were ready together (at most kMaxElementsPerReply,
-//    kMaxBytesPerReply of frames); a larger element comes alone.
+//    flight (round-robin among equals; a task with nothing ready gets only
+//    quick probes while another has elements: PickTaskLocked), so at most
+//    max_outstanding_requests replies are requested, held or buffered at
+//    once. A UCX reply batches small elements that were ready together (at
+//    most kMaxElementsPerReply, kMaxBytesPerReply of frames, and in a
+//    shared job the consumer's fair share: worker/task_runner.h); a larger
+//    element comes alone. A task's replies are delivered in the order its
+//    worker handed them out (HoldLocked), across tasks as they come.
 //    Coordinated reads: each fetcher instead takes the next round and asks
 //    that round's task for this consumer's element; rounds are delivered in
 //    order, at most max_outstanding_requests of them requested or buffered.
@@ -196,6 +200,17 @@ class DataServiceIterator final : public Iterator {
   }
 
  private:
+  // A reply of a task that arrived before an earlier one of the same task:
+  // `count` elements from its seq on (`elements`: those not dropped as
+  // duplicates), and `horizon`, the number of requests sent to the task
+  // when it arrived (every request that can carry an earlier reply is
+  // numbered below it).
+  struct HeldReply {
+    int64_t count = 0;
+    std::vector<Element> elements;
+    int64_t horizon = 0;
+  };
+
   struct Task {
     int64_t id = 0;
     std::string worker;
@@ -210,6 +225,17 @@ class DataServiceIterator final : public Iterator {
     // distributed_epoch: elements received per split, not yet acknowledged
     // to the worker (the next request to it carries them).
     std::map<int64_t, int64_t> unacked;
+    // Per-task order (see HoldLocked): the seq of the next element to
+    // deliver, the replies that arrived ahead of an earlier one (by seq),
+    // and the requests in flight to this task (numbered in sending order).
+    // INVARIANT: held is empty when outstanding is (ReleaseHeldLocked runs
+    // after every reply).
+    int64_t next_seq = 0;
+    std::map<int64_t, HeldReply> held;
+    int64_t requests_sent = 0;
+    std::set<int64_t> outstanding;
+    // Its last reply was not_ready: the worker had nothing buffered.
+    bool idle = false;
   };
 
   // Deduplication state of one split: indices [0, prefix) and `beyond`
@@ -422,25 +448,65 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
-  // Picks the readable task with the fewest requests in flight, the first
-  // after `rr_` among equals; null if none. Preferring the least loaded
+  // Picks the task for the next request and the request's wait, or null
+  // if no task may be asked now; `free` > 0 request slots are free
+  // (max_outstanding_requests minus replies requested, held or buffered).
+  // Among the tasks that may be asked, the one with the fewest requests in
+  // flight, the first after `rr_` among equals: preferring the least loaded
   // keeps fetchers from piling up on a task with nothing ready (each such
   // request waits up to kElementWait) while another has elements buffered.
-  Task* PickTaskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::Time now = absl::Now();
+  //
+  // The last free slot is never parked (a request that may wait
+  // kElementWait for an element) when that could hold up elements: it gets
+  // a probe (wait 0; the worker answers at once) instead
+  //  - while another task than the one asked is busy (its last reply had
+  //    elements). With one slot (max_outstanding_requests = 1) every other
+  //    request used to wait kElementWait on a task with nothing to give --
+  //    in distributed_epoch the task of a worker that read its last split
+  //    and waits for the epoch's end, which needs the acknowledgements of
+  //    the other task's elements -- and the client ran at ~2 elements per
+  //    kElementWait;
+  //  - in distributed_epoch while other requests are in flight: with every
+  //    slot parked, the acknowledgements of the last elements received
+  //    could not be sent, and the epoch's end waited for a parked request
+  //    to time out.
+  // A task whose last reply was not_ready (idle) gets at most one request
+  // at a time while another task is busy, and a probe of an idle task
+  // needs a reply with elements since the last one (probe_allowed_), so
+  // probes never spin. With nothing in flight a request may always wait.
+  Task* PickTaskLocked(int64_t free, absl::Duration* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time now = absl::Now();
+    auto readable = [now](const Task& t) {
+      return !t.end_of_sequence && !t.lost && t.retry_after <= now;
+    };
+    int64_t busy = 0;
+    for (const auto& [id, t] : tasks_) busy += readable(t) && !t.idle;
+    // Whether another task than `t` is busy.
+    auto others_busy = [busy](const Task& t) { return busy > (t.idle ? 0 : 1); };
+    // Whether a request to `t` now is a probe.
+    auto probe = [&](const Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return free < 2 && (others_busy(t) || (distributed_ && in_flight_ > 0));
+    };
     auto start = tasks_.upper_bound(rr_);
     Task* best = nullptr;
     for (int pass = 0; pass < 2; ++pass) {
       for (auto it = pass == 0 ? start : tasks_.begin(); it != tasks_.end(); ++it) {
         if (pass == 1 && it == start) break;
         Task& t = it->second;
-        if (!t.end_of_sequence && !t.lost && t.retry_after <= now &&
-            (best == nullptr || t.in_flight < best->in_flight)) {
-          best = &t;
+        if (!readable(t)) continue;
+        if (t.idle && ((others_busy(t) && t.in_flight > 0) || (probe(t) && !probe_allowed_))) {
+          continue;
         }
+        if (best == nullptr || t.in_flight < best->in_flight) best = &t;
       }
     }
-    if (best != nullptr) rr_ = best->id;
+    if (best == nullptr) return nullptr;
+    rr_ = best->id;
+    *wait = kElementWait;
+    if (probe(*best)) {
+      *wait = absl::ZeroDuration();
+      if (best->idle) probe_allowed_ = false;
+    }
     return best;
   }
 
@@ -449,17 +515,22 @@ class DataServiceIterator final : public Iterator {
     while (true) {
       std::shared_ptr<ElementTransport> transport;
       int64_t task_id;
+      int64_t request_number;
       ElementRequest req;
       {
         absl::MutexLock l(&mu_);
         while (true) {
           if (stop_ || !error_.ok() || DoneLocked()) return;
           Task* t = nullptr;
-          if (static_cast<int64_t>(results_.size()) + in_flight_ < max) t = PickTaskLocked();
+          const int64_t free =
+              max - static_cast<int64_t>(results_.size()) - held_replies_ - in_flight_;
+          if (free > 0) t = PickTaskLocked(free, &req.wait);
           if (t != nullptr) {
             transport = t->transport;
             task_id = t->id;
             ++t->in_flight;
+            request_number = t->requests_sent++;
+            t->outstanding.insert(request_number);
             // Acknowledged once sent: a lost request's acks are not resent
             // (an ack counted twice could complete a split too early); the
             // worker's ack timeout covers them.
@@ -480,7 +551,9 @@ class DataServiceIterator final : public Iterator {
       }
       req.task_id = task_id;
       req.consumer_index = node_.consumer_index();
-      req.wait = kElementWait;
+      req.client_id = client_id_;
+      req.max_outstanding = std::min<int64_t>(max, kMaxFetchers);
+      req.shared_job = !node_.job_name().empty();
       req.max_elements = kMaxElementsPerReply;
       req.max_bytes = kMaxBytesPerReply;
       auto r = transport->GetElement(req);
@@ -490,45 +563,97 @@ class DataServiceIterator final : public Iterator {
       auto it = tasks_.find(task_id);
       if (it == tasks_.end()) continue;
       Task& t = it->second;
+      t.outstanding.erase(request_number);
       if (--t.in_flight == 0 && t.lost) ForgetCompletedSplitsLocked();
-      if (r.ok()) {
-        t.failures = 0;
-        if (r->end_of_sequence) {
-          t.end_of_sequence = true;
-        } else if (!r->not_ready && !r->elements.empty()) {
-          t.received += static_cast<int64_t>(r->elements.size());
-          GetCounters().elements += static_cast<int64_t>(r->elements.size());
-          GetCounters().bytes += static_cast<int64_t>(r->bytes);
-          std::vector<Element> fresh;
-          fresh.reserve(r->elements.size());
-          for (size_t i = 0; i < r->elements.size(); ++i) {
-            SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
-            if (pos.split_id > 0) ++t.unacked[pos.split_id];
-            if (FirstDeliveryLocked(pos.split_id, pos.index)) {
-              fresh.push_back(std::move(r->elements[i]));
-            } else {
-              GetCounters().duplicates++;  // a reassigned split's element we already have
-            }
+      HandleReplyLocked(t, std::move(r));
+      ReleaseHeldLocked(t);
+    }
+  }
+
+  // One reply (or failure) of a request to `t`.
+  void HandleReplyLocked(Task& t, absl::StatusOr<ElementResult> r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (r.ok()) {
+      t.failures = 0;
+      if (r->end_of_sequence) {
+        t.end_of_sequence = true;
+      } else if (r->not_ready || r->elements.empty()) {
+        t.idle = true;
+      } else {
+        t.idle = false;
+        probe_allowed_ = true;
+        t.received += static_cast<int64_t>(r->elements.size());
+        GetCounters().elements += static_cast<int64_t>(r->elements.size());
+        GetCounters().bytes += static_cast<int64_t>(r->bytes);
+        std::vector<Element> fresh;
+        fresh.reserve(r->elements.size());
+        for (size_t i = 0; i < r->elements.size(); ++i) {
+          SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
+          if (pos.split_id > 0) ++t.unacked[pos.split_id];
+          if (FirstDeliveryLocked(pos.split_id, pos.index)) {
+            fresh.push_back(std::move(r->elements[i]));
+          } else {
+            GetCounters().duplicates++;  // a reassigned split's element we already have
           }
-          if (!fresh.empty()) results_.push_back(std::move(fresh));
         }
-        continue;
+        HoldLocked(t, r->seq, static_cast<int64_t>(r->elements.size()), std::move(fresh));
       }
-      if (stop_ || t.lost) continue;
-      absl::Status s = r.status();
-      if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) {
-        // The worker may be restarting or gone; the dispatcher decides
-        // (it marks the task lost after worker_timeout_ms).
-        GetCounters().worker_errors++;
-        if (t.failures++ == 0) {
-          spdlog::warn("sluice client: task {} on worker {}: {}; retrying", t.id, t.worker,
-                       std::string(s.message()));
-        }
-        t.retry_after = absl::Now() + std::min(absl::Milliseconds(20) * (1 << std::min(t.failures, 6)),
-                                               absl::Seconds(1));
-        continue;
+      return;
+    }
+    if (stop_ || t.lost) return;
+    absl::Status s = r.status();
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) {
+      // The worker may be restarting or gone; the dispatcher decides
+      // (it marks the task lost after worker_timeout_ms).
+      GetCounters().worker_errors++;
+      if (t.failures++ == 0) {
+        spdlog::warn("sluice client: task {} on worker {}: {}; retrying", t.id, t.worker,
+                     std::string(s.message()));
       }
-      if (error_.ok()) error_ = s;  // the worker's own error, e.g. the dataset failed
+      t.retry_after = absl::Now() + std::min(absl::Milliseconds(20) * (1 << std::min(t.failures, 6)),
+                                             absl::Seconds(1));
+      return;
+    }
+    if (error_.ok()) error_ = s;  // the worker's own error, e.g. the dataset failed
+  }
+
+  // Per-task order. The worker numbers the elements it hands this consumer
+  // from a task (a reply's seq is its first element's; ElementResult::seq)
+  // in production order, but replies of concurrent requests arrive in any
+  // order: a reply is held until the replies before it were delivered.
+  // A reply with no seq (-1), or one behind what was delivered, is
+  // delivered as it comes (never dropped). Across tasks, replies are
+  // delivered as they become deliverable (interleaved).
+  void HoldLocked(Task& t, int64_t seq, int64_t count, std::vector<Element> elements)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (seq < t.next_seq || t.held.count(seq)) {
+      if (!elements.empty()) results_.push_back(std::move(elements));
+      return;
+    }
+    t.held.emplace(seq, HeldReply{count, std::move(elements), t.requests_sent});
+    ++held_replies_;
+  }
+
+  // Delivers `t`'s held replies that are next in seq order. A gap below
+  // the first held reply is given up when no request that can fill it is
+  // left: the worker handed out the missing elements before that reply,
+  // so to a request sent before it arrived (numbered below its horizon);
+  // once none of those is in flight, the missing reply was lost (the
+  // worker died, the request failed or was cancelled after the worker had
+  // taken its elements) and waiting longer would stall the task forever.
+  // A lost task's requests are cancelled, so its held replies are then
+  // delivered too, as today's late replies of a lost task are.
+  void ReleaseHeldLocked(Task& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!t.held.empty()) {
+      auto first = t.held.begin();
+      if (first->first != t.next_seq && !t.outstanding.empty() &&
+          *t.outstanding.begin() < first->second.horizon) {
+        return;  // an earlier reply may still come
+      }
+      t.next_seq = first->first + first->second.count;
+      if (!first->second.elements.empty()) results_.push_back(std::move(first->second.elements));
+      t.held.erase(first);
+      --held_replies_;
     }
   }
 
@@ -665,6 +790,11 @@ class DataServiceIterator final : public Iterator {
   // the first.
   std::deque<std::vector<Element>> results_ ABSL_GUARDED_BY(mu_);
   size_t next_in_batch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Replies held for per-task order (Task::held), across tasks; they count
+  // against max_outstanding_requests like results_.
+  int64_t held_replies_ ABSL_GUARDED_BY(mu_) = 0;
+  // A probe of an idle task may be sent (see PickTaskLocked).
+  bool probe_allowed_ ABSL_GUARDED_BY(mu_) = true;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rr_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;

@@ -17,14 +17,19 @@
 //    exact guarantee).
 //  - job_name: every consumer (thread or process) using the name reads the
 //    same job; the k-th iterator of each consumer reads the job's k-th
-//    iteration and consumers split its elements first-come-first-served. An
-//    iteration already read to the end yields end-of-input at once.
+//    iteration and consumers split its elements first-come-first-served,
+//    each reply taking at most the consumer's fair share of what its
+//    worker has ready (docs/service.md). An iteration already read to the
+//    end yields end-of-input at once.
 //    Reusing a name with different parameters is InvalidArgument.
 //  - no job_name: each iterator is a private, anonymous job.
 //  - up to max_outstanding_requests element requests are in flight or
 //    buffered, bounding client memory. Over UCX one reply may carry up to
 //    256 small elements (256 KiB of frames) that were ready together;
 //    larger elements come one per reply (docs/dataplane.md).
+//  - order: a task's elements arrive in the order its worker produced them
+//    (for a shared job: this consumer's part of them, in that order);
+//    different tasks' elements interleave.
 //  - a worker lost mid-stream does not hang the iterator: it finishes from
 //    the remaining workers, logs what was lost and counts it
 //    (DataServiceStats::lost_tasks).

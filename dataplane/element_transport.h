@@ -33,6 +33,15 @@ struct ElementRequest {
   int64_t task_id = 0;
   int64_t consumer_index = -1;
   int64_t round = -1;
+  // The consumer asking: its iteration client id (0: anonymous). The worker
+  // numbers each consumer's elements of a task in the order it hands them
+  // out (ElementResult::seq) and counts the consumers reading a task.
+  int64_t client_id = 0;
+  // How many requests this consumer may have in flight at once, and whether
+  // other consumers may read the same task (its job has a name): together
+  // they bound a batch to the consumer's fair share (worker/task_runner.h).
+  int64_t max_outstanding = 1;
+  bool shared_job = false;
   // How long the worker may hold the call waiting for an element.
   absl::Duration wait = absl::Milliseconds(500);
   // Batching: the worker may answer with up to max_elements elements that
@@ -55,6 +64,11 @@ struct ElementResult {
   bool not_ready = false;  // nothing yet; ask again
   // At least one element unless a flag is set, in the task's order.
   std::vector<Element> elements;
+  // The consumer's sequence number (see ElementRequest::client_id) of
+  // elements[0]; the others follow it (seq + 1, ...). A client delivers a
+  // task's replies in seq order. -1 without elements, or when the worker
+  // keeps no order for the request (coordinated rounds).
+  int64_t seq = -1;
   size_t bytes = 0;  // frame bytes received
   // Parallel to `elements`: for distributed_epoch (split-tracked
   // pipelines) the split each element came from and its index in that

@@ -34,6 +34,9 @@ class GrpcElementTransport final : public ElementTransport {
     req.set_consumer_index(request.consumer_index);
     req.set_round(request.round);
     req.set_wait_ms(absl::ToInt64Milliseconds(request.wait));
+    req.set_client_id(request.client_id);
+    req.set_max_outstanding(request.max_outstanding);
+    req.set_shared_job(request.shared_job);
     for (const SplitAck& a : request.acks) {
       req.add_ack_split_ids(a.split_id);
       req.add_ack_counts(a.count);
@@ -62,6 +65,7 @@ class GrpcElementTransport final : public ElementTransport {
     }
     out.elements.push_back(std::move(decoded->element));
     out.positions.push_back({resp.split_id(), resp.split_index()});
+    out.seq = resp.seq();
     return out;
   }
 

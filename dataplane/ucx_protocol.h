@@ -1,11 +1,11 @@
-// The UCX element transfer protocol (active messages), version 3. Internal.
+// The UCX element transfer protocol (active messages), version 4. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
-// data; its header (64 bytes, little-endian), the token, then the acks:
+// data; its header (72 bytes, little-endian), the token, then the acks:
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'G' 'E'                            |
-//   | 4      | 4    | version (2)                                      |
+//   | 4      | 4    | version (4)                                      |
 //   | 8      | 8    | request_id (client-chosen, echoed)               |
 //   | 16     | 8    | task_id                                          |
 //   | 24     | 8    | consumer_index (-1: none)                        |
@@ -15,16 +15,24 @@
 //   | 52     | 4    | max_bytes: frame bytes a batch may total         |
 //   | 56     | 2    | token_len (<= kMaxAuthTokenBytes; 0: no token)   |
 //   | 58     | 2    | ack_count (<= kMaxAcksPerRequest)                |
-//   | 60     | 4    | reserved (0)                                     |
-//   | 64     | t    | the auth token (the service's shared secret)     |
-//   | 64+t   | 16*n | acks (distributed_epoch): split_id, count (each  |
+//   | 60     | 2    | max_outstanding: how many requests this consumer |
+//   |        |      | may have in flight at once (>= 1; fair share)    |
+//   | 62     | 2    | request flags: bit0 shared job (other consumers  |
+//   |        |      | may read the task)                               |
+//   | 64     | 8    | client_id: the consumer (iteration client; 0:    |
+//   |        |      | anonymous); keys its sequence numbers            |
+//   | 72     | t    | the auth token (the service's shared secret)     |
+//   | 72+t   | 16*n | acks (distributed_epoch): split_id, count (each  |
 //   |        |      | 8 bytes): the client received count more         |
 //   |        |      | elements of that split from the task             |
 // A worker with an auth token answers a request whose token differs (by a
 // constant-time compare) with an error reply, code Unauthenticated; a
 // request with another version but the right magic gets an error reply,
-// code FailedPrecondition; anything shorter or without magic is dropped.
-// Version 3 added the token and the acks (version 2 had a 56-byte header).
+// code FailedPrecondition, naming both versions; anything shorter or
+// without magic is dropped. Version 3 added the token and the acks
+// (version 2 had a 56-byte header); version 4 added max_outstanding, the
+// request flags and client_id (version 3 had a 64-byte header) and the
+// reply's seq.
 //
 // Worker -> client: AM kElementAm on the reply endpoint; header (56 bytes)
 // followed by `inline_len` bytes:
@@ -40,7 +48,10 @@
 //   | 24     | 8    | data_size: bytes of AM data                      |
 //   | 32     | 8    | split_id of the element (-1: none)               |
 //   | 40     | 8    | index of the element in its split (-1: none)     |
-//   | 48     | 8    | reserved (0)                                     |
+//   | 48     | 8    | seq: the consumer's sequence number of the first |
+//   |        |      | element carried (the others follow it: seq+1,    |
+//   |        |      | ...); -1 for a reply without elements or when    |
+//   |        |      | the worker keeps no order (coordinated rounds)   |
 //   | 56     | m    | inline bytes: the error message (bit2) or the    |
 //   |        |      | frame header (bit4)                              |
 // The AM data is sent rendezvous (UCP_AM_SEND_FLAG_RNDV) so that it lands
@@ -64,6 +75,7 @@
 //   | ...    |        | the frames at their offsets, in task order     |
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace sluice::internal::ucx {
@@ -73,9 +85,13 @@ inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
 inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxBatchElements = 1024;
+
+enum RequestFlags : uint16_t {
+  kRequestSharedJob = 1u << 0,
+};
 
 enum ReplyFlags : uint16_t {
   kReplyEndOfSequence = 1u << 0,
@@ -97,9 +113,13 @@ struct RequestHeader {
   uint32_t max_bytes;
   uint16_t token_len;
   uint16_t ack_count;
-  uint32_t reserved;
+  uint16_t max_outstanding;
+  uint16_t flags;  // RequestFlags
+  int64_t client_id;
 };
-static_assert(sizeof(RequestHeader) == 64);
+static_assert(sizeof(RequestHeader) == 72);
+static_assert(offsetof(RequestHeader, token_len) == 56 && offsetof(RequestHeader, flags) == 62 &&
+              offsetof(RequestHeader, client_id) == 64);
 struct AckEntry {
   int64_t split_id;
   int64_t count;
@@ -116,9 +136,10 @@ struct ReplyHeader {
   uint64_t data_size;
   int64_t split_id;
   int64_t split_index;
-  uint64_t reserved2;
+  int64_t seq;
 };
 static_assert(sizeof(ReplyHeader) == 56);
+static_assert(offsetof(ReplyHeader, split_id) == 32 && offsetof(ReplyHeader, seq) == 48);
 
 struct BatchHeader {
   uint32_t magic;

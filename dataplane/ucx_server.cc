@@ -225,6 +225,9 @@ struct UcxElementServer::Impl {
     job.request.max_elements =
         std::clamp<int64_t>(h.max_elements, 1, ucx::kMaxBatchElements);
     job.request.max_bytes = h.max_bytes;
+    job.request.client_id = h.client_id;
+    job.request.max_outstanding = std::max<int64_t>(1, h.max_outstanding);
+    job.request.shared_job = h.flags & ucx::kRequestSharedJob;
     const auto* acks = static_cast<const uint8_t*>(header) + sizeof(RequestHeader) + h.token_len;
     for (uint32_t i = 0; i < h.ack_count; ++i) {
       ucx::AckEntry a;
@@ -255,6 +258,7 @@ struct UcxElementServer::Impl {
       h.request_id = job.request_id;
       h.split_id = -1;
       h.split_index = -1;
+      h.seq = r.ok() && !r->frames.empty() ? r->seq : -1;
       if (!r.ok()) {
         h.flags = ucx::kReplyError;
         h.code = static_cast<uint32_t>(r.status().code());

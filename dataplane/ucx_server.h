@@ -48,9 +48,11 @@ absl::StatusOr<FrameBuffer> EncodeServedFrame(const Element& element, const Fram
 // `out` (for the gRPC path, which copies into its message anyway).
 void WriteFrame(const FrameBuffer& frame, uint8_t* out);
 
-// The answer to one request: frames in order, or one of the flags.
+// The answer to one request: frames in order, or one of the flags; `seq`
+// as in ElementResult.
 struct ServedBatch {
   std::vector<FrameBuffer> frames;
+  int64_t seq = -1;
   bool end_of_sequence = false;
   bool not_ready = false;
 };

@@ -87,6 +87,7 @@ struct Pending {
   size_t header_bytes = 0;  // split frame: the inline header in front
   size_t data_size = 0;     // bytes received after header_bytes
   SplitPosition position;   // of a single element
+  int64_t seq = -1;         // of the first element
   uint64_t max_element_bytes = 0;  // a larger reply is refused unreceived
   std::string peer;                // the worker's address, for errors
 };
@@ -208,6 +209,7 @@ class UcxClient {
       r.positions.push_back(p->position);
     }
     r.bytes = received;
+    r.seq = p->seq;
     Counters().elements += static_cast<int64_t>(r.elements.size());
     Counters().bytes += static_cast<int64_t>(received);
     p->buffer.reset();  // the tensors hold it now
@@ -262,6 +264,7 @@ class UcxClient {
     }
     p->header_bytes = p->kind == ucx::kReplySplitFrame ? inline_len : 0;
     p->position = {h.split_id, h.split_index};
+    p->seq = h.seq;
     p->data_size = length;
     auto buffer = self->pool_->Acquire(p->header_bytes + ucx::AlignUp64(length));
     if (!buffer.ok()) {
@@ -399,6 +402,10 @@ class UcxElementTransport final : public ElementTransport {
         std::clamp<int64_t>(request.max_elements, 1, ucx::kMaxBatchElements));
     h.max_bytes = static_cast<uint32_t>(
         std::clamp<int64_t>(request.max_bytes, 0, std::numeric_limits<uint32_t>::max()));
+    h.max_outstanding = static_cast<uint16_t>(
+        std::clamp<int64_t>(request.max_outstanding, 1, std::numeric_limits<uint16_t>::max()));
+    h.flags = request.shared_job ? ucx::kRequestSharedJob : 0;
+    h.client_id = request.client_id;
     h.token_len = static_cast<uint16_t>(token_.size());
     h.ack_count = static_cast<uint16_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
     std::string acks(h.ack_count * sizeof(ucx::AckEntry), '\0');

@@ -45,15 +45,10 @@ struct EmbeddedService {
   }
 };
 
-// One pass over `ds` as int64 scalars; false (after printing) on error.
-inline bool DrainInt64(const sluice::Dataset& ds, std::vector<int64_t>* out) {
-  auto it = ds.MakeIterator();
-  if (!it.ok()) {
-    std::fprintf(stderr, "error: %s\n", it.status().ToString().c_str());
-    return false;
-  }
+// Reads `it` to its end as int64 scalars; false (after printing) on error.
+inline bool DrainInt64(sluice::Iterator& it, std::vector<int64_t>* out) {
   while (true) {
-    auto e = (*it)->Next();
+    auto e = it.Next();
     if (!e.ok()) {
       std::fprintf(stderr, "error: %s\n", e.status().ToString().c_str());
       return false;
@@ -61,6 +56,16 @@ inline bool DrainInt64(const sluice::Dataset& ds, std::vector<int64_t>* out) {
     if (!e->has_value()) return true;
     out->push_back((**e)[0].at<int64_t>(0));
   }
+}
+
+// One pass over `ds` as int64 scalars; false (after printing) on error.
+inline bool DrainInt64(const sluice::Dataset& ds, std::vector<int64_t>* out) {
+  auto it = ds.MakeIterator();
+  if (!it.ok()) {
+    std::fprintf(stderr, "error: %s\n", it.status().ToString().c_str());
+    return false;
+  }
+  return DrainInt64(**it, out);
 }
 
 inline std::string Sorted(std::vector<int64_t> v) {

@@ -99,15 +99,34 @@ void TaskRunner::Ack(const std::vector<SplitAck>& acks) {
   for (const SplitAck& a : acks) splits_->Acked(a.split_id, a.count);
 }
 
-absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t max_elements,
-                                                 int64_t max_bytes) {
+int64_t TaskRunner::BatchLimitLocked(const ElementRequest& request, absl::Time now) const {
+  const int64_t limit = std::max<int64_t>(1, request.max_elements);
+  int64_t active = 0;
+  for (const auto& [id, c] : consumers_) {
+    if (c.serving > 0 || now - c.last_seen < kConsumerIdle) ++active;
+  }
+  const int64_t sharers = std::max<int64_t>(request.shared_job ? 2 : 1, active);
+  if (sharers == 1) return limit;
+  const int64_t share = static_cast<int64_t>(buffer_.size()) /
+                        (sharers * std::max<int64_t>(1, request.max_outstanding));
+  return std::clamp<int64_t>(share, 1, limit);
+}
+
+absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
+                                                 absl::Duration wait) {
   absl::MutexLock l(&mu_);
+  Consumer& consumer = consumers_[request.client_id];  // map: the reference stays valid
+  ++consumer.serving;
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || !buffer_.empty() || produced_all_ || !error_.ok();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+  --consumer.serving;
+  const absl::Time now = absl::Now();
+  consumer.last_seen = now;
   ServedBatch out;
   if (!buffer_.empty()) {
+    const int64_t max_elements = BatchLimitLocked(request, now);
     size_t bytes = 0;
     do {
       bytes += buffer_.front().frame_size();
@@ -120,7 +139,9 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(absl::Duration wait, int64_t ma
     } while (!buffer_.empty() && out.frames.back().payload == nullptr &&
              buffer_.front().payload == nullptr &&
              static_cast<int64_t>(out.frames.size()) < max_elements &&
-             static_cast<int64_t>(bytes + buffer_.front().frame_size()) <= max_bytes);
+             static_cast<int64_t>(bytes + buffer_.front().frame_size()) <= request.max_bytes);
+    out.seq = consumer.next_seq;
+    consumer.next_seq += static_cast<int64_t>(out.frames.size());
     counters_.served_elements += static_cast<int64_t>(out.frames.size());
     counters_.served_bytes += static_cast<int64_t>(bytes);
     return out;

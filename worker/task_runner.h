@@ -2,6 +2,12 @@
 // element buffer that GetElement calls drain first-come-first-served (so
 // consumers sharing a job split the elements).
 //
+// Order: the buffer is FIFO, so each consumer (ElementRequest::client_id)
+// receives its part of the task in production order. The runner numbers
+// the elements it hands each consumer (0, 1, ... per consumer; a reply's
+// seq is its first element's number), so a client with several requests
+// in flight can restore that order whatever order the replies arrive in.
+//
 // The buffer holds up to `buffer_elements` encoded elements; small ones may
 // run ahead further, up to kSmallBufferBytes of frames (at most
 // kMaxBufferedElements), so that a batched request finds a batch ready.
@@ -38,13 +44,39 @@ class TaskRunner {
   static constexpr size_t kSmallBufferBytes = size_t{1} << 20;
   static constexpr size_t kMaxBufferedElements = 4096;
 
-  // Waits up to `wait` for an element, then takes it and up to
-  // max_elements - 1 more that are ready now, while their frames total at
-  // most max_bytes; split (zero-copy) frames are never batched with others.
+  // Waits up to `wait` for an element, then hands request.client_id's
+  // consumer that element and up to n - 1 more that are ready now, while
+  // their frames total at most request.max_bytes, where n is
+  // request.max_elements bounded by the consumer's fair share (below);
+  // split (zero-copy) frames are never batched with others. The batch's
+  // seq numbers its first element among those handed to this consumer.
   // The task's error (for example a dataset that does not validate on this
   // worker) is returned as is.
-  absl::StatusOr<ServedBatch> GetBatch(absl::Duration wait, int64_t max_elements = 1,
-                                       int64_t max_bytes = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  //
+  // Fair share. A task may be read by several consumers: the request says
+  // its job is shared (it has a name; the others may not have asked yet),
+  // or other consumers asked within kConsumerIdle. Then, with `sharers` =
+  // max(2, consumers active), `ready` = elements buffered when the request
+  // is served and R = request.max_outstanding, a reply takes at most
+  //   max(1, ready / (sharers * R))
+  // elements. Why this bound: a consumer has at most R requests in flight.
+  // Even if all R are served back to back, each takes at most a
+  // 1 / (sharers * R) part of what is left, so together at most
+  // 1 - (1 - 1/(sharers * R))^R <= 1/sharers of what was ready (Bernoulli's
+  // inequality): no consumer's burst takes more than its share, and every
+  // other consumer's requests find elements. A cap of ready / sharers per
+  // reply would not do: R replies of the first consumer to ask would take
+  // 1 - (1 - 1/sharers)^R of it, nearly everything. Batching stays where
+  // it pays: when the worker runs ahead of its consumers (ready large;
+  // with 4096 small elements buffered, 2 sharers and R = 8, 256 per reply);
+  // when the consumers keep up, ready is small and a reply carries about
+  // one element, as in tf.data, but the worker is then the bottleneck.
+  // Should replies be too small to keep up, elements accumulate and the
+  // cap grows with them. A private job's consumer (shared_job false, no
+  // other consumer seen) is never capped.
+  static constexpr absl::Duration kConsumerIdle = absl::Seconds(5);
+  absl::StatusOr<ServedBatch> GetBatch(const ElementRequest& request, absl::Duration wait)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // distributed_epoch: a client received these elements.
   void Ack(const std::vector<SplitAck>& acks);
 
@@ -79,6 +111,9 @@ class TaskRunner {
 
  private:
   void Produce();
+  // The most elements `request`'s reply may carry now (see GetBatch).
+  int64_t BatchLimitLocked(const ElementRequest& request, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const proto::TaskDef def_;
   const size_t capacity_;
@@ -91,6 +126,17 @@ class TaskRunner {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Counters counters_ ABSL_GUARDED_BY(mu_);  // buffered_* computed by counters()
+  // The consumers that asked for elements (by client id; one small entry
+  // per iteration client that ever read this task, which lives for one
+  // iteration): the number the next element handed to each gets, and
+  // whether it is active (a request being served, or one within
+  // kConsumerIdle).
+  struct Consumer {
+    int64_t next_seq = 0;
+    int64_t serving = 0;
+    absl::Time last_seen = absl::InfinitePast();
+  };
+  std::map<int64_t, Consumer> consumers_ ABSL_GUARDED_BY(mu_);
   // Coordinated reads: open rounds, each slot a consumer's element until it
   // takes it, and the latest closed ones (to refuse a round asked again).
   static constexpr size_t kClosedRoundsKept = 4096;

@@ -131,7 +131,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     task->Ack(req.acks);
     auto batch = task->def().num_consumers() > 0
                      ? task->GetRound(wait, req.consumer_index, req.round)
-                     : task->GetBatch(wait, req.max_elements, req.max_bytes);
+                     : task->GetBatch(req, wait);
     if (!batch.ok()) {
       if (!absl::IsCancelled(batch.status())) ReportFinished(*task);
       return batch.status();
@@ -154,6 +154,9 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     r.consumer_index = req->consumer_index();
     r.round = req->round();
     r.wait = absl::Milliseconds(req->wait_ms());
+    r.client_id = req->client_id();
+    r.max_outstanding = std::max<int64_t>(1, req->max_outstanding());
+    r.shared_job = req->shared_job();
     const int acks = std::min<int>({req->ack_split_ids_size(), req->ack_counts_size(),
                                     static_cast<int>(kMaxAcksPerRequest)});
     for (int i = 0; i < acks; ++i) r.acks.push_back({req->ack_split_ids(i), req->ack_counts(i)});
@@ -172,9 +175,11 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
       grpc_bytes_copied += static_cast<int64_t>(f.frame_size());
       resp->set_split_id(f.position.split_id);
       resp->set_split_index(f.position.index);
+      resp->set_seq(served->seq);
     } else {
       resp->set_split_id(-1);
       resp->set_split_index(-1);
+      resp->set_seq(-1);
     }
     return grpc::Status::OK;
   }

@@ -4,13 +4,17 @@
 // exhaustion is reachable.
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/ucx_protocol.h"
+#include "sluice/dataplane/ucx_runtime.h"
 #include "sluice/dataplane/ucx_server.h"
 #include "tests/test_util.h"
 
@@ -76,6 +80,14 @@ class UcxTransportTest : public ::testing::Test {
           if (!f.ok()) return f.status();
           out.frames.push_back(*std::move(f));
         }
+        return out;
+      case -6:  // two small elements; seq echoes the request's consumer fields
+        for (int64_t v : {r.client_id, r.max_outstanding}) {
+          auto f = Encode({Tensor::Scalar<int64_t>(v)}, server_->frame_allocator());
+          if (!f.ok()) return f.status();
+          out.frames.push_back(*std::move(f));
+        }
+        out.seq = r.shared_job ? 7 : 3;
         return out;
       default: {
         // Even tasks as a worker serves them (large single tensors as split
@@ -163,6 +175,26 @@ TEST_F(UcxTransportTest, FlagsAndErrorsPassThrough) {
   ASSERT_OK_AND_ASSIGN(ElementResult later, Get(-2));
   EXPECT_TRUE(later.not_ready);
   EXPECT_STATUS(Get(-3), absl::StatusCode::kInvalidArgument, "does not validate on the worker");
+}
+
+TEST_F(UcxTransportTest, ConsumerFieldsReachTheWorkerAndSeqComesBack) {
+  for (bool shared : {false, true}) {
+    ElementRequest r;
+    r.task_id = -6;
+    r.client_id = 1234567890123;
+    r.max_outstanding = 8;
+    r.shared_job = shared;
+    r.max_elements = 2;
+    r.max_bytes = 1 << 20;
+    ASSERT_OK_AND_ASSIGN(ElementResult got, transport_->GetElement(r));
+    ASSERT_EQ(got.elements.size(), 2u);
+    EXPECT_EQ(got.elements[0][0].at<int64_t>(0), 1234567890123);
+    EXPECT_EQ(got.elements[1][0].at<int64_t>(0), 8);
+    EXPECT_EQ(got.seq, shared ? 7 : 3);
+  }
+  // A reply without elements carries no seq.
+  ASSERT_OK_AND_ASSIGN(ElementResult later, Get(-2));
+  EXPECT_EQ(later.seq, -1);
 }
 
 TEST_F(UcxTransportTest, ManyConcurrentRequests) {
@@ -335,6 +367,95 @@ TEST(UcxAuthTest, RequestsWithoutTheWorkersTokenAreRefused) {
 
 // A reply announcing more than the client's max_element_bytes is refused
 // before anything is allocated for it.
+// A request of another protocol version (here version 3, whose header was
+// 64 bytes) gets an explicit error reply naming both versions; it is
+// never served (nor misread as the current layout).
+TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
+  std::atomic<int> served{0};
+  auto server = UcxElementServer::Start("127.0.0.1:0", [&](const ElementRequest&) {
+    served++;
+    return absl::StatusOr<ServedBatch>(ServedBatch{});
+  });
+  ASSERT_OK(server);
+  // A bare UCX client speaking the old version.
+  namespace ucx = internal::ucx;
+  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
+  ASSERT_OK_AND_ASSIGN(auto worker, ucx::Worker::Create(ctx, /*busy_poll=*/false));
+  struct Reply {
+    absl::Mutex mu;
+    bool got ABSL_GUARDED_BY(mu) = false;
+    ucx::ReplyHeader header ABSL_GUARDED_BY(mu){};
+    std::string text ABSL_GUARDED_BY(mu);
+  } reply;
+  sockaddr_storage ss;
+  socklen_t len;
+  ASSERT_OK(ucx::ParseSockaddr((*server)->address(), &ss, &len));
+  struct OldHeader {  // version 3's request header
+    uint32_t magic, version;
+    uint64_t request_id;
+    int64_t task_id, consumer_index, round, wait_ms;
+    uint32_t max_elements, max_bytes;
+    uint16_t token_len, ack_count;
+    uint32_t reserved;
+  } old{ucx::kRequestMagic, 3, 42, 1, -1, -1, 0, 1, 0, 0, 0, 0};
+  static_assert(sizeof(OldHeader) == 64);
+  ucp_ep_h ep = nullptr;
+  absl::Status status;
+  worker->Run([&] {
+    status = ucx::SetAmHandler(
+        worker->handle(), ucx::kElementAm,
+        [](void* arg, const void* header, size_t header_length, void*, size_t,
+           const ucp_am_recv_param_t*) -> ucs_status_t {
+          auto* r = static_cast<Reply*>(arg);
+          absl::MutexLock l(&r->mu);
+          if (header_length < sizeof(r->header)) return UCS_OK;
+          std::memcpy(&r->header, header, sizeof(r->header));
+          r->text.assign(static_cast<const char*>(header) + sizeof(r->header),
+                         header_length - sizeof(r->header));
+          r->got = true;
+          return UCS_OK;
+        },
+        &reply);
+    if (!status.ok()) return;
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    p.sockaddr.addrlen = len;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};
+    ucs_status_t s = ucp_ep_create(worker->handle(), &p, &ep);
+    if (s != UCS_OK) {
+      status = ucx::UcsError(s, "ucp_ep_create");
+      return;
+    }
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    rp.cb.send = [](void* req, ucs_status_t, void*) { ucp_request_free(req); };
+    ucs_status_ptr_t st = ucp_am_send_nbx(ep, ucx::kGetElementAm, &old, sizeof(old), nullptr, 0,
+                                          &rp);  // `old` outlives the send: we wait for the reply
+    if (UCS_PTR_IS_ERR(st)) status = ucx::UcsError(UCS_PTR_STATUS(st), "ucp_am_send_nbx");
+  });
+  ASSERT_OK(status);
+  {
+    absl::MutexLock l(&reply.mu);
+    auto got = [&reply]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reply.mu) { return reply.got; };
+    ASSERT_TRUE(reply.mu.AwaitWithTimeout(absl::Condition(&got), absl::Seconds(30)))
+        << "no reply to an old-version request";
+    EXPECT_EQ(reply.header.magic, ucx::kReplyMagic);
+    EXPECT_EQ(reply.header.request_id, 42u);
+    EXPECT_TRUE(reply.header.flags & ucx::kReplyError);
+    EXPECT_EQ(static_cast<absl::StatusCode>(reply.header.code),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(reply.text, ::testing::HasSubstr(absl::StrCat(
+                                "protocol version ", ucx::kProtocolVersion, ", the client 3")));
+  }
+  EXPECT_EQ(served.load(), 0);
+  worker->Run([&] { ucx::CloseEndpointForce(ep); });
+}
+
 TEST(UcxLimitTest, OversizedReplyIsRefusedWithAClearError) {
   auto server = UcxElementServer::Start("127.0.0.1:0", [](const ElementRequest&) {
     ServedBatch out;

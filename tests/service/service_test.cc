@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <functional>
 #include <map>
@@ -219,6 +220,52 @@ TEST_P(ServiceTest, SharedJobNameSplitsEachIterationBetweenConsumers) {
   }
 }
 
+// Two consumers of a shared job, read in turn from one thread (next() on
+// each alternately): each gets a fair part of the iteration, in its
+// worker's order, and together they get every element exactly once (one
+// worker, parallel_epochs). A reply that took everything ready would leave
+// the second consumer (almost) nothing.
+TEST_P(ServiceTest, SharedJobConsumersReadingInTurnEachGetAFairShare) {
+  StartService(1);
+  constexpr int64_t kN = 400;
+  // Each consumer builds its own dataset, as separate trainers would; the
+  // k-th iterators of the two read the job's k-th iteration.
+  Dataset a = Dataset::Range(kN).Distribute(Options("turns"));
+  Dataset b = Dataset::Range(kN).Distribute(Options("turns"));
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    SCOPED_TRACE(iteration);
+    ASSERT_OK_AND_ASSIGN(auto ia, a.MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto ib, b.MakeIterator());
+    Iterator* its[2] = {ia.get(), ib.get()};
+    std::vector<int64_t> got[2];
+    WithHangGuard([&] {
+      bool done[2] = {false, false};
+      while (!done[0] || !done[1]) {
+        for (int c = 0; c < 2; ++c) {
+          if (done[c]) continue;
+          auto e = its[c]->Next();
+          if (!e.ok()) ADD_FAILURE() << e.status();
+          if (!e.ok() || !e->has_value()) {
+            done[c] = true;
+            continue;
+          }
+          got[c].push_back((**e)[0].at<int64_t>(0));
+        }
+      }
+      return 0;
+    });
+    std::vector<int64_t> all = got[0];
+    all.insert(all.end(), got[1].begin(), got[1].end());
+    EXPECT_THAT(all, UnorderedElementsAreArray(Iota(kN)));
+    for (int c = 0; c < 2; ++c) {
+      EXPECT_GE(got[c].size(), static_cast<size_t>(kN / 4))
+          << "consumer " << c << " got " << got[c].size() << " of " << kN;
+      EXPECT_TRUE(std::is_sorted(got[c].begin(), got[c].end()))
+          << "consumer " << c << " got its part of the task out of order";
+    }
+  }
+}
+
 TEST_P(ServiceTest, ReadToTheEndJobNameYieldsEndOfInputToANewcomer) {
   StartService(1);
   ASSERT_OK_AND_ASSIGN(auto first, WithHangGuard([&] {
@@ -326,6 +373,45 @@ TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
     EXPECT_GT(after.worker_batched_replies, before.worker_batched_replies);
     EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
   }
+}
+
+// Reads `it` to the end (under a hang guard) and returns its int64 scalars
+// (component 0) in the order Next() gave them.
+std::vector<int64_t> DrainScalars(Iterator& it) {
+  std::vector<int64_t> got;
+  DrainRest(it, &got);
+  return got;
+}
+
+// tf.data delivers a task's elements in the order its worker produced them
+// (its tests read exactly [0..9] from range(10) on one worker), although
+// several requests are in flight and their replies may complete in any
+// order. Each read is repeated so that a race shows.
+TEST_P(ServiceTest, OneWorkersElementsArriveInTheOrderItProducedThem) {
+  StartService(1);
+  for (int pass = 0; pass < 5; ++pass) {
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10).Distribute(Options()).MakeIterator());
+    ASSERT_EQ(DrainScalars(*it), Iota(10)) << "pass " << pass;
+  }
+  DistributeOptions o = Options();
+  o.max_outstanding_requests = 8;
+  for (int pass = 0; pass < 3; ++pass) {
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(200).Distribute(o).MakeIterator());
+    ASSERT_EQ(DrainScalars(*it), Iota(200)) << "pass " << pass;
+  }
+  // 300 KiB elements travel one per reply on every path, so eight replies
+  // are in flight all the time.
+  Element big = {Tensor::FromVector(std::vector<uint8_t>(300 << 10, 7))};
+  Dataset bigs = Dataset::Zip({Dataset::Range(60), Dataset::FromTensors({big}).Repeat()});
+  for (int pass = 0; pass < 3; ++pass) {
+    ASSERT_OK_AND_ASSIGN(auto it, bigs.Distribute(o).MakeIterator());
+    ASSERT_EQ(DrainScalars(*it), Iota(60)) << "pass " << pass;
+  }
+  // distributed_epoch on one worker: its splits come in order, so does
+  // its output.
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(200).Distribute(o).MakeIterator());
+  ASSERT_EQ(DrainScalars(*it), Iota(200));
 }
 
 // With one request allowed, consuming the buffered element must start the
@@ -557,6 +643,48 @@ TEST_P(ServiceTest, DistributedEpochDeliversEachElementExactlyOnce) {
   EXPECT_THAT(odd, UnorderedElementsAreArray(want_odd));
 }
 
+// (x, 300 KiB of zeros): an element that travels alone in a reply on
+// every path.
+absl::StatusOr<Element> PadTo300KiB(const Element& in) {
+  return Element{in[0], Tensor::FromVector(std::vector<uint8_t>(300 << 10))};
+}
+SLUICE_REGISTER_UDF(test_pad_300k, PadTo300KiB, {.num_inputs = 1});
+
+// distributed_epoch with one request allowed runs at the workers' pace, not
+// at a poll interval's (a worker done with its splits waits for the
+// epoch's end, which needs the other worker's elements acknowledged; a
+// request parked on it held up the only request slot). Compared with
+// eight requests in the same run (a generous ratio), not against a clock.
+// Large elements too, which UCX cannot batch.
+TEST_P(ServiceTest, DistributedEpochOneOutstandingRequestKeepsUpWithTheWorkers) {
+  StartService(2);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  const std::pair<std::string, Dataset> cases[] = {
+      {"Range(100)", Dataset::Range(100)},
+      {"Range(100) of 300 KiB elements", Dataset::Range(100).Map(Udf("test_pad_300k"))}};
+  for (const auto& [name, ds] : cases) {
+    SCOPED_TRACE(name);
+    auto time_epoch = [&](int64_t outstanding) -> absl::StatusOr<absl::Duration> {
+      o.max_outstanding_requests = outstanding;
+      absl::Time start = absl::Now();
+      SLUICE_ASSIGN_OR_RETURN(auto v, WithHangGuard([&] {
+                                return CollectScalars<int64_t>(ds.Distribute(o));
+                              }));
+      absl::Duration took = absl::Now() - start;
+      EXPECT_THAT(v, UnorderedElementsAreArray(Iota(100)));
+      return took;
+    };
+    ASSERT_OK_AND_ASSIGN(absl::Duration eight, time_epoch(8));
+    ASSERT_OK_AND_ASSIGN(absl::Duration one, time_epoch(1));
+    std::printf("distributed_epoch %s over 2 workers (%s): max_outstanding_requests=8 %s, "
+                "=1 %s\n",
+                name.c_str(), GetParam().c_str(), absl::FormatDuration(eight).c_str(),
+                absl::FormatDuration(one).c_str());
+    EXPECT_LT(one, 10 * eight + absl::Milliseconds(500)) << "one: " << one << " eight: " << eight;
+  }
+}
+
 TEST_P(ServiceTest, DistributedEpochWithRepeatOnTheWorkersGivesEveryEpoch) {
   StartService(3, SmallSplits(4));
   DistributeOptions o = Options();
@@ -722,22 +850,47 @@ TEST_P(ServiceTest, DataShardingWorkerAtShardOneReadsEveryFifthElement) {
   EXPECT_THAT(h, UnorderedElementsAreArray(want));
 }
 
-TEST_P(ServiceTest, DataShardingOverFiveWorkersDeliversEachElementOnce) {
+TEST_P(ServiceTest, DataShardingOverFiveWorkersDeliversEachElementOnceInEachWorkersOrder) {
   DispatcherConfig dc;
   dc.worker_addresses.assign(5, "127.0.0.1:%port%");
   StartService(5, dc);
   DistributeOptions o = Options();
   o.processing_mode = "data";
-  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(100).Distribute(o));
-                       }));
-  EXPECT_THAT(v, UnorderedElementsAreArray(Iota(100)));
+  o.max_outstanding_requests = 8;
+  constexpr int64_t kN = 500;
+  for (int pass = 0; pass < 2; ++pass) {
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+    std::vector<int64_t> v = DrainScalars(*it);
+    ASSERT_THAT(v, UnorderedElementsAreArray(Iota(kN)));
+    // Worker i reads the values v with v % 5 == i; across workers the
+    // elements interleave, but each worker's come in order.
+    std::vector<int64_t> per_worker[5];
+    for (int64_t x : v) per_worker[x % 5].push_back(x);
+    for (int w = 0; w < 5; ++w) {
+      EXPECT_TRUE(std::is_sorted(per_worker[w].begin(), per_worker[w].end()))
+          << "pass " << pass << ": shard " << w << " out of order";
+    }
+  }
   // A worker matching no entry cannot register.
   WorkerConfig wc;
   wc.dispatcher_address = dispatcher_->address();
   wc.data_transfer_protocol = GetParam();
   EXPECT_STATUS(WorkerServer::Start(wc), absl::StatusCode::kFailedPrecondition,
                 "not in the dispatcher's worker_addresses");
+}
+
+// Static sharding keeps each worker's order: TF's worker 1 of 5 gives
+// exactly [1, 6, 11, 16] from range(20).
+TEST_P(ServiceTest, DataShardingDeliversAWorkersShardInItsOrder) {
+  StartService(1, OnlyShardFree(5, 1));
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  o.max_outstanding_requests = 8;
+  for (int pass = 0; pass < 5; ++pass) {
+    // The other shards have no worker: read this one's four elements.
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(20).Distribute(o).Take(4).MakeIterator());
+    ASSERT_EQ(DrainScalars(*it), std::vector<int64_t>({1, 6, 11, 16})) << "pass " << pass;
+  }
 }
 
 TEST_P(ServiceTest, FileShardingReadsOnlyTheWorkersFiles) {
