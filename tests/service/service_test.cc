@@ -681,7 +681,10 @@ TEST_P(ServiceTest, DistributedEpochOneOutstandingRequestKeepsUpWithTheWorkers) 
                 "=1 %s\n",
                 name.c_str(), GetParam().c_str(), absl::FormatDuration(eight).c_str(),
                 absl::FormatDuration(one).c_str());
-    EXPECT_LT(one, 10 * eight + absl::Milliseconds(500)) << "one: " << one << " eight: " << eight;
+    // Before the fix one request took 14-19 s for this; the slack admits an
+    // occasional end-of-epoch wait (kElementWait, 500 ms) or two on a
+    // loaded machine.
+    EXPECT_LT(one, 10 * eight + absl::Seconds(3)) << "one: " << one << " eight: " << eight;
   }
 }
 
