@@ -33,6 +33,13 @@
 //   ClientHeartbeat (long poll on the iteration's version) to learn tasks,
 //   lost tasks, failure and the end of the iteration; ReleaseIterationClient
 //   when done. Tick() expires workers and clients and collects iterations.
+//   An iteration is finished when no task runs and one completed (every
+//   shard, under static sharding); one whose tasks were all lost waits for
+//   a worker. Workers that register (or come back at their address without
+//   their tasks: restarted) get a task of every iteration that still takes
+//   workers: unfinished, or finished but not yet read to the end by every
+//   client (ClientHeartbeat.at_end at the version the client saw finished,
+//   journaled as ClientAtEnd; only then does the client end).
 //   Coordinated reads: clients report their next round and the block_round
 //   they honour in ClientHeartbeat. A task created after its iteration
 //   started is pending: every reply carries block_round = the iteration's
