@@ -1,16 +1,17 @@
 // Expression builder, type checking and evaluation.
-#include <bit>
-#include <cmath>
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "dataset/dataset.pb.h"
-#include "sluice/core/half.h"
 #include "sluice/core/status.h"
 #include "sluice/dataset/expr.h"
 #include "sluice/dataset/expr_internal.h"
+#include "sluice/dataset/expr_kernels_internal.h"
 #include "sluice/dataset/udf.h"
 
 namespace sluice {
@@ -133,86 +134,7 @@ absl::StatusOr<Tensor> TensorFromProto(const proto::TensorProto& p) {
                       std::move(mem));
 }
 
-// ---------------------------------------------------------------------------
-// Dtype dispatch
-// ---------------------------------------------------------------------------
 namespace {
-
-template <typename T>
-struct ComputeOf { using type = T; };
-template <>
-struct ComputeOf<Float16> { using type = float; };
-template <>
-struct ComputeOf<BFloat16> { using type = float; };
-template <typename T>
-using ComputeT = typename ComputeOf<T>::type;
-
-template <typename T>
-ComputeT<T> Load(const uint8_t* base, int64_t i) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return base[i] != 0;
-  } else {
-    T v;
-    std::memcpy(&v, base + i * sizeof(T), sizeof(T));
-    if constexpr (std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>) {
-      return static_cast<float>(v);
-    } else {
-      return v;
-    }
-  }
-}
-
-template <typename T>
-void Store(uint8_t* base, int64_t i, ComputeT<T> v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    base[i] = v ? 1 : 0;
-  } else if constexpr (std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>) {
-    T t(v);
-    std::memcpy(base + i * sizeof(T), &t, sizeof(T));
-  } else {
-    std::memcpy(base + i * sizeof(T), &v, sizeof(T));
-  }
-}
-
-// Calls f.template operator()<T>() with the storage type of `d`.
-template <typename F>
-auto VisitNumeric(DType d, F&& f) {
-  switch (d) {
-    case DType::kBool: return f.template operator()<bool>();
-    case DType::kInt8: return f.template operator()<int8_t>();
-    case DType::kInt16: return f.template operator()<int16_t>();
-    case DType::kInt32: return f.template operator()<int32_t>();
-    case DType::kInt64: return f.template operator()<int64_t>();
-    case DType::kUInt8: return f.template operator()<uint8_t>();
-    case DType::kUInt16: return f.template operator()<uint16_t>();
-    case DType::kUInt32: return f.template operator()<uint32_t>();
-    case DType::kUInt64: return f.template operator()<uint64_t>();
-    case DType::kFloat16: return f.template operator()<Float16>();
-    case DType::kBFloat16: return f.template operator()<BFloat16>();
-    case DType::kFloat32: return f.template operator()<float>();
-    case DType::kFloat64: return f.template operator()<double>();
-    case DType::kString: break;
-  }
-  return f.template operator()<double>();  // unreachable: callers exclude strings
-}
-
-// Saturating, NaN-safe conversion between compute types.
-template <typename To, typename From>
-To ConvertValue(From v) {
-  if constexpr (std::is_same_v<To, bool>) {
-    return v != From(0);
-  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
-    if (std::isnan(v)) return 0;
-    constexpr long double lo = static_cast<long double>(std::numeric_limits<To>::min());
-    constexpr long double hi = static_cast<long double>(std::numeric_limits<To>::max());
-    long double lv = static_cast<long double>(v);
-    if (lv <= lo) return std::numeric_limits<To>::min();
-    if (lv >= hi) return std::numeric_limits<To>::max();
-    return static_cast<To>(v);
-  } else {
-    return static_cast<To>(v);  // integer -> integer wraps (C++20), -> float rounds
-  }
-}
 
 absl::string_view BinaryName(int op) {
   switch (op) {
@@ -265,7 +187,7 @@ struct TypeInfo {
   std::optional<DType> dtype;
   bool weak = false;
   std::optional<std::vector<int64_t>> shape;
-  const Tensor* value = nullptr;  // set for constants (to range-check literals)
+  Tensor value;  // valid for constants and folded constant subtrees (to range-check literals)
 };
 
 absl::Status ExprError(absl::string_view op, absl::string_view expr_op, absl::string_view msg) {
@@ -281,13 +203,13 @@ absl::Status CheckAdopt(absl::string_view op, absl::string_view expr_op, const T
                                   " operand"));
   }
   if (w.dtype == DType::kFloat64 && !IsFloat(d)) {
-    std::string v = w.value ? absl::StrCat(" ", w.value->at<double>(0)) : "";
+    std::string v = w.value.valid() ? absl::StrCat(" ", w.value.at<double>(0)) : "";
     return ExprError(op, expr_op,
                      absl::StrCat("fractional literal", v, " with a ", DTypeName(d),
                                   " operand; Cast the operand to a float dtype first"));
   }
-  if (w.dtype == DType::kInt64 && IsInteger(d) && w.value != nullptr) {
-    int64_t v = w.value->at<int64_t>(0);
+  if (w.dtype == DType::kInt64 && IsInteger(d) && w.value.valid()) {
+    int64_t v = w.value.at<int64_t>(0);
     bool fits = VisitNumeric(d, [&]<typename T>() {
       if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
         if constexpr (std::is_signed_v<T>) {
@@ -406,7 +328,7 @@ absl::StatusOr<TypeInfo> ResolveUnary(absl::string_view op, int code, const Type
     }
   }
   TypeInfo r = a;
-  r.value = nullptr;
+  r.value = Tensor();
   return r;
 }
 
@@ -417,202 +339,31 @@ absl::Status CheckCast(absl::string_view op, const TypeInfo& a, DType to) {
   return absl::OkStatus();
 }
 
-// ---------------------------------------------------------------------------
-// Kernels
-// ---------------------------------------------------------------------------
-
-// The float nearest `v` toward zero, with its last mantissa bit set when
-// inexact ("round to odd"); NaN and infinities pass through.
-float RoundToOddFloat(long double v) {
-  if (std::isnan(v)) return std::numeric_limits<float>::quiet_NaN();
-  float f = static_cast<float>(v);
-  if (std::isinf(f) || static_cast<long double>(f) == v) return f;
-  // Step to the float on the zero side of v, then force the odd bit.
-  if (std::fabs(static_cast<long double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
-  uint32_t bits = std::bit_cast<uint32_t>(f);
-  bits |= 1u;
-  return std::bit_cast<float>(bits);
-}
-
-absl::StatusOr<Tensor> CastTensor(const Tensor& in, DType to) {
-  if (in.dtype() == to) return in;
-  SLUICE_ASSIGN_OR_RETURN(Tensor out, Tensor::Allocate(to, in.shape()));
-  int64_t n = in.num_elements();
-  const uint8_t* src = in.data();
-  uint8_t* dst = out.mutable_data();
-  VisitNumeric(in.dtype(), [&]<typename From>() {
-    VisitNumeric(to, [&]<typename To>() {
-      constexpr bool kToHalf = std::is_same_v<To, Float16> || std::is_same_v<To, BFloat16>;
-      constexpr bool kWideFrom =
-          std::is_same_v<From, double> || (std::is_integral_v<From> && sizeof(From) >= 4);
-      for (int64_t i = 0; i < n; ++i) {
-        if constexpr (kToHalf && kWideFrom) {
-          // Exact in long double, then round-to-odd to float: the final
-          // float -> 16-bit rounding is then correctly rounded (no double
-          // rounding through float32).
-          Store<To>(dst, i, RoundToOddFloat(static_cast<long double>(Load<From>(src, i))));
-        } else {
-          Store<To>(dst, i, ConvertValue<ComputeT<To>>(Load<From>(src, i)));
-        }
-      }
-      return 0;
-    });
-    return 0;
-  });
-  return out;
-}
-
-template <typename C>
-C WrapNeg(C v) {
-  if constexpr (std::is_integral_v<C>) {
-    return static_cast<C>(uint64_t{0} - static_cast<uint64_t>(v));
-  } else {
-    return -v;
-  }
-}
-
-absl::StatusOr<Tensor> UnaryKernel(absl::string_view op, int code, const Tensor& a) {
-  SLUICE_ASSIGN_OR_RETURN(Tensor out, Tensor::Allocate(a.dtype(), a.shape()));
-  int64_t n = a.num_elements();
-  const uint8_t* src = a.data();
-  uint8_t* dst = out.mutable_data();
-  VisitNumeric(a.dtype(), [&]<typename T>() {
-    using C = ComputeT<T>;
-    for (int64_t i = 0; i < n; ++i) {
-      C v = Load<T>(src, i);
-      C r;
-      if constexpr (std::is_same_v<C, bool>) {
-        r = !v;
-      } else if (code == proto::NEG) {
-        r = WrapNeg(v);
-      } else {  // ABS
-        if constexpr (std::is_unsigned_v<C>) {
-          r = v;
-        } else if constexpr (std::is_floating_point_v<C>) {
-          r = std::fabs(v);  // also clears the sign of -0.0 and NaN
-        } else {
-          r = v < C(0) ? WrapNeg(v) : v;
-        }
-      }
-      Store<T>(dst, i, r);
-    }
-    return 0;
-  });
-  return out;
-}
-
-template <typename C>
-C WrapArith(int code, C x, C y) {
-  if constexpr (std::is_integral_v<C>) {
-    uint64_t ux = static_cast<uint64_t>(x), uy = static_cast<uint64_t>(y);
-    switch (code) {
-      case proto::ADD: return static_cast<C>(ux + uy);
-      case proto::SUB: return static_cast<C>(ux - uy);
-      case proto::MUL: return static_cast<C>(ux * uy);
-      default: break;
-    }
-  } else {
-    switch (code) {
-      case proto::ADD: return x + y;
-      case proto::SUB: return x - y;
-      case proto::MUL: return x * y;
-      case proto::DIV: return x / y;
-      case proto::MOD: return std::fmod(x, y);
-      default: break;
-    }
-  }
-  return C(0);
-}
-
-// Both operands already have dtype `d`; shapes were checked.
-absl::StatusOr<Tensor> BinaryKernel(absl::string_view op, int code, const Tensor& a,
-                                    const Tensor& b) {
-  DType d = a.dtype();
-  bool a_scalar = a.shape().is_scalar(), b_scalar = b.shape().is_scalar();
-  const TensorShape& shape = a_scalar ? b.shape() : a.shape();
-  DType out_dtype = IsArith(code) ? d : DType::kBool;
-  SLUICE_ASSIGN_OR_RETURN(Tensor out, Tensor::Allocate(out_dtype, shape));
-  int64_t n = shape.num_elements();
-  const uint8_t* pa = a.data();
-  const uint8_t* pb = b.data();
-  uint8_t* po = out.mutable_data();
-  int64_t sa = a_scalar ? 0 : 1, sb = b_scalar ? 0 : 1;
-  absl::Status status;
-  VisitNumeric(d, [&]<typename T>() {
-    using C = ComputeT<T>;
-    auto loop = [&](auto f) {
-      for (int64_t i = 0; i < n; ++i) f(i, Load<T>(pa, i * sa), Load<T>(pb, i * sb));
-    };
-    if (IsCompare(code)) {
-      loop([&](int64_t i, C x, C y) {
-        bool r = false;
-        switch (code) {
-          case proto::EQ: r = x == y; break;
-          case proto::NE: r = x != y; break;
-          case proto::LT: r = x < y; break;
-          case proto::LE: r = x <= y; break;
-          case proto::GT: r = x > y; break;
-          case proto::GE: r = x >= y; break;
-        }
-        po[i] = r ? 1 : 0;
-      });
-    } else if constexpr (std::is_same_v<C, bool>) {
-      loop([&](int64_t i, bool x, bool y) {
-        po[i] = (code == proto::LOGICAL_AND ? (x && y) : (x || y)) ? 1 : 0;
-      });
-    } else if (code == proto::MIN || code == proto::MAX) {
-      loop([&](int64_t i, C x, C y) {
-        C r = code == proto::MIN ? (y < x ? y : x) : (y > x ? y : x);
-        if constexpr (std::is_floating_point_v<C>) {
-          if (std::isnan(x) || std::isnan(y)) r = std::numeric_limits<C>::quiet_NaN();
-        }
-        Store<T>(po, i, r);
-      });
-    } else if (code == proto::DIV || code == proto::MOD) {
-      if constexpr (std::is_integral_v<C>) {
-        loop([&](int64_t i, C x, C y) {
-          if (y == C(0)) {
-            if (status.ok()) status = ExprError(op, BinaryName(code), "integer division by zero");
-            return;
-          }
-          C r;
-          if constexpr (std::is_signed_v<C>) {
-            if (y == C(-1)) {
-              r = code == proto::DIV ? WrapNeg(x) : C(0);
-            } else {
-              r = code == proto::DIV ? static_cast<C>(x / y) : static_cast<C>(x % y);
-            }
-          } else {
-            r = code == proto::DIV ? static_cast<C>(x / y) : static_cast<C>(x % y);
-          }
-          Store<T>(po, i, r);
-        });
-      } else {
-        loop([&](int64_t i, C x, C y) { Store<T>(po, i, WrapArith<C>(code, x, y)); });
-      }
-    } else {
-      loop([&](int64_t i, C x, C y) { Store<T>(po, i, WrapArith<C>(code, x, y)); });
-    }
-    return 0;
-  });
-  if (!status.ok()) return status;
-  return out;
-}
-
 TypeInfo InfoOf(const Tensor& t, bool weak) {
   TypeInfo i;
   i.dtype = t.dtype();
   i.weak = weak;
   i.shape = t.shape().dims();
-  i.value = &t;
+  i.value = t;
   return i;
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// CompiledFunction
+// Programs
 // ---------------------------------------------------------------------------
+//
+// An output expression is lowered, when the function is compiled, into a
+// Program: its nodes in post order, each with its dtype resolved and its
+// kernel (expr_kernels_internal.h) chosen, the implicit casts of weak
+// literals made explicit, identity casts dropped and constant subtrees
+// folded. Running it dispatches per step, never per value: steps whose shape
+// is a scalar run once; the others run block by block, kExprBlockElements
+// values at a time through every step, with intermediate results in
+// block-sized temporaries ("slots") that stay in cache. So `x * 2 + 1` reads
+// x once and writes its result once, and the extra memory is
+// num_slots * kExprBlockElements * 8 bytes whatever the tensor's size.
 
 struct CompiledFunction::Node {
   proto::Expr::KindCase kind = proto::Expr::KIND_NOT_SET;
@@ -622,16 +373,33 @@ struct CompiledFunction::Node {
   int op = 0;
   DType cast_to = DType::kFloat32;
   std::unique_ptr<Node> a, b;
-  // The value of a weak (literals-only) unary/binary subtree, computed when
-  // the function is compiled so the literal's range can be checked.
-  Tensor folded;
 };
-
-CompiledFunction::~CompiledFunction() = default;
 
 namespace {
 
 using Node = CompiledFunction::Node;
+
+struct Step {
+  enum class Kind : uint8_t { kComponent, kConstant, kKernel };
+  Kind kind = Kind::kConstant;
+  DType dtype = DType::kFloat32;  // of the step's result
+  int component = -1;             // kComponent: -1 for the only component
+  Tensor constant;                // kConstant
+  ExprKernel kernel = nullptr;    // kKernel
+  absl::string_view name;         // kKernel: the expression op, for errors
+  int a = -1, b = -1;             // kKernel: operand steps (b only for binary ops)
+  int slot = -1;                  // kKernel: its block temporary (none for the result)
+};
+
+struct Program {
+  // INVARIANT: operands precede their users, every step but the last has
+  // exactly one user, and the last step is the result.
+  std::vector<Step> steps;
+  int num_slots = 0;
+  // False when an input dtype was unknown at compile time: the expression is
+  // then lowered again for each element (steps is empty).
+  bool complete = false;
+};
 
 absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::string_view op,
                                                 int depth) {
@@ -686,120 +454,351 @@ absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::stri
   return n;
 }
 
-struct Value {
-  Tensor t;
-  bool weak = false;
+// A numeric tensor the caller overwrites entirely: unlike Tensor::Allocate
+// it is not zeroed first, which for a large output would be an extra pass
+// over memory.
+absl::StatusOr<Tensor> AllocateForOverwrite(DType dtype, const TensorShape& shape) {
+  const size_t bytes = static_cast<size_t>(shape.num_elements()) * DTypeSize(dtype);
+  void* mem = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  if (mem == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+  }
+  std::shared_ptr<const void> owner(mem, [](const void* p) { std::free(const_cast<void*>(p)); });
+  return Tensor::View(dtype, shape, mem, bytes, std::move(owner));
+}
+
+int ComponentIndex(const Step& s) { return s.component < 0 ? 0 : s.component; }
+
+// Runs a complete program on `in`, whose components have the dtypes the
+// program was lowered for (Matches). Checks the shapes, which may have been
+// unknown when it was lowered.
+absl::StatusOr<Tensor> Run(const Program& p, const Element& in, absl::string_view op) {
+  const int num_steps = static_cast<int>(p.steps.size());
+  const Step& result = p.steps.back();
+  if (result.kind == Step::Kind::kComponent) return in[ComponentIndex(result)];
+  if (result.kind == Step::Kind::kConstant) return result.constant;
+
+  // Shapes, and the data of inputs (components and constants).
+  absl::InlinedVector<const TensorShape*, 16> shape(num_steps);
+  absl::InlinedVector<const uint8_t*, 16> data(num_steps, nullptr);
+  absl::InlinedVector<Tensor, 2> realigned;  // copies of misaligned components
+  for (int i = 0; i < num_steps; ++i) {
+    const Step& s = p.steps[i];
+    switch (s.kind) {
+      case Step::Kind::kComponent: {
+        const Tensor& t = in[ComponentIndex(s)];
+        shape[i] = &t.shape();
+        data[i] = t.data();
+        if (reinterpret_cast<uintptr_t>(t.data()) % DTypeSize(s.dtype) != 0) {
+          // A view at an odd offset: the kernels need aligned values.
+          SLUICE_ASSIGN_OR_RETURN(Tensor copy, AllocateForOverwrite(s.dtype, t.shape()));
+          if (t.byte_size() > 0) std::memcpy(copy.mutable_data(), t.data(), t.byte_size());
+          data[i] = copy.data();
+          realigned.push_back(std::move(copy));
+        }
+        break;
+      }
+      case Step::Kind::kConstant:
+        shape[i] = &s.constant.shape();
+        data[i] = s.constant.data();
+        break;
+      case Step::Kind::kKernel: {
+        const TensorShape* sa = shape[s.a];
+        const TensorShape* sb = s.b >= 0 ? shape[s.b] : sa;
+        if (sb->is_scalar()) {
+          shape[i] = sa;
+        } else if (sa->is_scalar() || *sa == *sb) {
+          shape[i] = sb;
+        } else {
+          return ExprError(op, s.name,
+                           absl::StrCat("shapes ", ShapeString(sa->dims()), " and ",
+                                        ShapeString(sb->dims()),
+                                        " do not match (only scalars broadcast)"));
+        }
+        break;
+      }
+    }
+  }
+
+  SLUICE_ASSIGN_OR_RETURN(Tensor out, AllocateForOverwrite(result.dtype, *shape.back()));
+  uint8_t* const out_data = out.mutable_data();
+  const int64_t n = out.num_elements();
+  const int64_t block = std::min(n, kExprBlockElements);
+  // A slot holds `block` values of up to 8 bytes, rounded to a cache line.
+  const int64_t slot_bytes = (block * 8 + 63) / 64 * 64;
+  std::unique_ptr<uint64_t[]> slots;
+  absl::InlinedVector<uint64_t, 16> scalar(num_steps);  // values of scalar kernel steps
+  auto operand = [&](int o, int64_t begin) -> KernelOperand {
+    if (shape[o]->is_scalar()) {
+      return {data[o] != nullptr ? data[o] : reinterpret_cast<const uint8_t*>(&scalar[o]), true};
+    }
+    if (data[o] != nullptr) {
+      return {data[o] + begin * DTypeSize(p.steps[o].dtype), false};
+    }
+    return {reinterpret_cast<const uint8_t*>(slots.get()) + p.steps[o].slot * slot_bytes, false};
+  };
+  auto run_step = [&](int i, int64_t begin, int64_t len, uint8_t* dst) -> absl::Status {
+    const Step& s = p.steps[i];
+    KernelOperand b = s.b >= 0 ? operand(s.b, begin) : KernelOperand{};
+    if (!s.kernel(operand(s.a, begin), b, dst, len)) {
+      return ExprError(op, s.name, "integer division by zero");
+    }
+    return absl::OkStatus();
+  };
+
+  // Scalar steps run once, first; the others are left for the blocks.
+  absl::InlinedVector<int, 16> vector_steps;
+  for (int i = 0; i < num_steps; ++i) {
+    if (p.steps[i].kind != Step::Kind::kKernel) continue;
+    if (!shape[i]->is_scalar()) {
+      vector_steps.push_back(i);
+      continue;
+    }
+    uint8_t* dst = i == num_steps - 1 ? out_data : reinterpret_cast<uint8_t*>(&scalar[i]);
+    SLUICE_RETURN_IF_ERROR(run_step(i, 0, 1, dst));
+  }
+  if (vector_steps.empty() || n == 0) return out;
+
+  if (p.num_slots > 0) slots = std::make_unique_for_overwrite<uint64_t[]>(p.num_slots * slot_bytes / 8);
+  const size_t out_width = DTypeSize(result.dtype);
+  for (int64_t begin = 0; begin < n; begin += block) {
+    const int64_t len = std::min(block, n - begin);
+    for (int i : vector_steps) {
+      uint8_t* dst = i == num_steps - 1
+                         ? out_data + begin * out_width
+                         : reinterpret_cast<uint8_t*>(slots.get()) + p.steps[i].slot * slot_bytes;
+      SLUICE_RETURN_IF_ERROR(run_step(i, begin, len, dst));
+    }
+  }
+  return out;
+}
+
+// Replaces kernel step `i`, when all its operands are constants, by its
+// value, and returns that value (invalid when it cannot be folded). An
+// evaluation error (division by zero) is left to run time.
+Tensor Fold(Program& p, int i, absl::string_view op) {
+  const Step& s = p.steps[i];
+  Program sub;
+  for (int o : {s.a, s.b}) {
+    if (o < 0) continue;
+    if (p.steps[o].kind != Step::Kind::kConstant) return Tensor();
+    sub.steps.push_back(p.steps[o]);
+  }
+  Step k = s;
+  k.a = 0;
+  k.b = s.b >= 0 ? 1 : -1;
+  sub.steps.push_back(std::move(k));
+  auto v = Run(sub, Element{}, op);
+  if (!v.ok()) return Tensor();
+  Step c;
+  c.kind = Step::Kind::kConstant;
+  c.dtype = v->dtype();
+  c.constant = *v;
+  p.steps[i] = std::move(c);  // its operands are now unused; Finalize drops them
+  return *std::move(v);
+}
+
+// Appends a kernel step and folds it when its operands are constants.
+absl::StatusOr<int> AddKernel(Program& p, ExprKernel kernel, DType dtype,
+                              absl::string_view name, int a, int b, absl::string_view op,
+                              TypeInfo* info) {
+  if (kernel == nullptr) {
+    return absl::InternalError(absl::StrCat(op, ": op '", name, "': no kernel for ",
+                                            DTypeName(p.steps[a].dtype)));
+  }
+  Step s;
+  s.kind = Step::Kind::kKernel;
+  s.dtype = dtype;
+  s.kernel = kernel;
+  s.name = name;
+  s.a = a;
+  s.b = b;
+  p.steps.push_back(std::move(s));
+  int i = static_cast<int>(p.steps.size()) - 1;
+  Tensor folded = Fold(p, i, op);
+  if (info != nullptr && folded.valid()) info->value = std::move(folded);
+  return i;
+}
+
+// Step `i` converted to `to` (itself when it has that dtype already).
+absl::StatusOr<int> Convert(Program& p, int i, DType to, absl::string_view op) {
+  if (p.steps[i].dtype == to) return i;
+  return AddKernel(p, CastKernelFor(p.steps[i].dtype, to), to, "cast", i, -1, op, nullptr);
+}
+
+absl::StatusOr<TypeInfo> ComponentInfo(int index, const ElementSpec& in, absl::string_view op) {
+  TypeInfo t;
+  if (!in.known) return t;
+  if (index == -1) {
+    if (in.components.size() != 1) {
+      return ExprError(op, "x",
+                       absl::StrCat("x names a single-component element but the input has ",
+                                    in.components.size(), " components; use x[i]"));
+    }
+  } else if (index >= static_cast<int>(in.components.size())) {
+    return ExprError(op, "x[i]",
+                     absl::StrCat("x[", index, "] is out of range: the input has ",
+                                  in.components.size(), " components"));
+  }
+  const ComponentSpec& c = in.components[index == -1 ? 0 : index];
+  t.dtype = c.dtype;
+  t.shape = c.shape;
+  // A string component may pass through; the ops that take it reject it.
+  return t;
+}
+
+// What lowering a node gave: its type, and its step (-1 when an input dtype
+// is unknown, so that no kernel can be chosen yet).
+struct Lowered {
+  TypeInfo info;
+  int step = -1;
 };
 
-absl::StatusOr<Value> Eval(const Node& n, const Element& in, absl::string_view op);
-
-// A weak result is built from literals only: evaluate it now, so that
-// CheckAdopt can range-check its value at definition time like a plain
-// literal's. An evaluation error (division by zero) is left to run time.
-void FoldWeak(Node& n, absl::string_view op, TypeInfo& t) {
-  if (!t.weak || t.value != nullptr) return;
-  auto v = Eval(n, Element{}, op);
-  if (!v.ok()) return;
-  n.folded = std::move(v->t);
-  t.value = &n.folded;
-}
-
-absl::StatusOr<TypeInfo> Infer(Node& n, const ElementSpec& in, absl::string_view op) {
+// Type-checks `n` against `in` (the errors of a definition) and appends its
+// steps to `p`.
+absl::StatusOr<Lowered> Lower(const Node& n, const ElementSpec& in, absl::string_view op,
+                              Program& p) {
   switch (n.kind) {
     case proto::Expr::kComponent: {
-      TypeInfo t;
-      if (!in.known) return t;
-      if (n.index == -1) {
-        if (in.components.size() != 1) {
-          return ExprError(op, "x",
-                           absl::StrCat("x names a single-component element but the input has ",
-                                        in.components.size(), " components; use x[i]"));
-        }
-      } else if (n.index >= static_cast<int>(in.components.size())) {
-        return ExprError(op, "x[i]",
-                         absl::StrCat("x[", n.index, "] is out of range: the input has ",
-                                      in.components.size(), " components"));
-      }
-      const ComponentSpec& c = in.components[n.index == -1 ? 0 : n.index];
-      t.dtype = c.dtype;
-      t.shape = c.shape;
-      // A string component may pass through; the ops that take it reject it.
-      return t;
+      SLUICE_ASSIGN_OR_RETURN(TypeInfo t, ComponentInfo(n.index, in, op));
+      if (!t.dtype) return Lowered{std::move(t), -1};
+      Step s;
+      s.kind = Step::Kind::kComponent;
+      s.dtype = *t.dtype;
+      s.component = n.index;
+      p.steps.push_back(std::move(s));
+      return Lowered{std::move(t), static_cast<int>(p.steps.size()) - 1};
     }
-    case proto::Expr::kConstant:
-      return InfoOf(n.constant, n.weak);
+    case proto::Expr::kConstant: {
+      Step s;
+      s.kind = Step::Kind::kConstant;
+      s.dtype = n.constant.dtype();
+      s.constant = n.constant;
+      p.steps.push_back(std::move(s));
+      return Lowered{InfoOf(n.constant, n.weak), static_cast<int>(p.steps.size()) - 1};
+    }
     case proto::Expr::kUnary: {
-      SLUICE_ASSIGN_OR_RETURN(TypeInfo a, Infer(*n.a, in, op));
-      SLUICE_ASSIGN_OR_RETURN(TypeInfo r, ResolveUnary(op, n.op, a));
-      FoldWeak(n, op, r);
-      return r;
+      SLUICE_ASSIGN_OR_RETURN(Lowered a, Lower(*n.a, in, op, p));
+      SLUICE_ASSIGN_OR_RETURN(TypeInfo r, ResolveUnary(op, n.op, a.info));
+      if (a.step < 0) return Lowered{std::move(r), -1};
+      SLUICE_ASSIGN_OR_RETURN(int s, AddKernel(p, UnaryKernelFor(n.op, *r.dtype), *r.dtype,
+                                               UnaryName(n.op), a.step, -1, op, &r));
+      return Lowered{std::move(r), s};
     }
     case proto::Expr::kBinary: {
-      SLUICE_ASSIGN_OR_RETURN(TypeInfo a, Infer(*n.a, in, op));
-      SLUICE_ASSIGN_OR_RETURN(TypeInfo b, Infer(*n.b, in, op));
-      SLUICE_ASSIGN_OR_RETURN(BinaryResolution r, ResolveBinary(op, n.op, a, b));
-      FoldWeak(n, op, r.result);
-      return r.result;
+      SLUICE_ASSIGN_OR_RETURN(Lowered a, Lower(*n.a, in, op, p));
+      SLUICE_ASSIGN_OR_RETURN(Lowered b, Lower(*n.b, in, op, p));
+      SLUICE_ASSIGN_OR_RETURN(BinaryResolution r, ResolveBinary(op, n.op, a.info, b.info));
+      if (a.step < 0 || b.step < 0) return Lowered{std::move(r.result), -1};
+      // Weak literals adopt the other operand's dtype here.
+      DType d = *r.operand_dtype;
+      SLUICE_ASSIGN_OR_RETURN(int sa, Convert(p, a.step, d, op));
+      SLUICE_ASSIGN_OR_RETURN(int sb, Convert(p, b.step, d, op));
+      SLUICE_ASSIGN_OR_RETURN(int s, AddKernel(p, BinaryKernelFor(n.op, d), *r.result.dtype,
+                                               BinaryName(n.op), sa, sb, op, &r.result));
+      return Lowered{std::move(r.result), s};
     }
     case proto::Expr::kCast: {
-      SLUICE_ASSIGN_OR_RETURN(TypeInfo a, Infer(*n.a, in, op));
-      SLUICE_RETURN_IF_ERROR(CheckCast(op, a, n.cast_to));
+      SLUICE_ASSIGN_OR_RETURN(Lowered a, Lower(*n.a, in, op, p));
+      SLUICE_RETURN_IF_ERROR(CheckCast(op, a.info, n.cast_to));
       TypeInfo r;
       r.dtype = n.cast_to;
-      r.shape = a.shape;
-      return r;
+      r.shape = a.info.shape;
+      if (a.step < 0) return Lowered{std::move(r), -1};
+      SLUICE_ASSIGN_OR_RETURN(int s, Convert(p, a.step, n.cast_to, op));
+      return Lowered{std::move(r), s};
     }
     default:
       return ExprError(op, "expr", "empty expression node");
   }
 }
 
-absl::StatusOr<Value> Eval(const Node& n, const Element& in, absl::string_view op) {
-  switch (n.kind) {
-    case proto::Expr::kComponent: {
-      if (n.index == -1 && in.size() != 1) {
-        return ExprError(op, "x",
-                         absl::StrCat("x names a single-component element but the input has ",
-                                      in.size(), " components; use x[i]"));
-      }
-      if (n.index >= static_cast<int>(in.size())) {
-        return ExprError(op, "x[i]", absl::StrCat("x[", n.index, "] is out of range: the input has ",
-                                                  in.size(), " components"));
-      }
-      const Tensor& t = in[n.index == -1 ? 0 : n.index];
-      return Value{t, false};
-    }
-    case proto::Expr::kConstant:
-      return Value{n.constant, n.weak};
-    case proto::Expr::kUnary: {
-      SLUICE_ASSIGN_OR_RETURN(Value a, Eval(*n.a, in, op));
-      SLUICE_RETURN_IF_ERROR(ResolveUnary(op, n.op, InfoOf(a.t, a.weak)).status());
-      SLUICE_ASSIGN_OR_RETURN(Tensor r, UnaryKernel(op, n.op, a.t));
-      return Value{std::move(r), a.weak};
-    }
-    case proto::Expr::kBinary: {
-      SLUICE_ASSIGN_OR_RETURN(Value a, Eval(*n.a, in, op));
-      SLUICE_ASSIGN_OR_RETURN(Value b, Eval(*n.b, in, op));
-      SLUICE_ASSIGN_OR_RETURN(BinaryResolution r,
-                              ResolveBinary(op, n.op, InfoOf(a.t, a.weak), InfoOf(b.t, b.weak)));
-      DType d = *r.operand_dtype;
-      SLUICE_ASSIGN_OR_RETURN(Tensor ta, CastTensor(a.t, d));
-      SLUICE_ASSIGN_OR_RETURN(Tensor tb, CastTensor(b.t, d));
-      SLUICE_ASSIGN_OR_RETURN(Tensor out, BinaryKernel(op, n.op, ta, tb));
-      return Value{std::move(out), r.result.weak};
-    }
-    case proto::Expr::kCast: {
-      SLUICE_ASSIGN_OR_RETURN(Value a, Eval(*n.a, in, op));
-      SLUICE_RETURN_IF_ERROR(CheckCast(op, InfoOf(a.t, a.weak), n.cast_to));
-      SLUICE_ASSIGN_OR_RETURN(Tensor out, CastTensor(a.t, n.cast_to));
-      return Value{std::move(out), false};
-    }
-    default:
-      return ExprError(op, "expr", "empty expression node");
+// Drops the steps folding left unused and gives each kernel step but the
+// result a slot. A step's slot is taken before its operands' slots are
+// freed, so no kernel writes a slot it reads.
+void Finalize(Program& p) {
+  const int num_steps = static_cast<int>(p.steps.size());
+  std::vector<bool> live(num_steps, false);
+  live[num_steps - 1] = true;
+  for (int i = num_steps - 1; i >= 0; --i) {
+    if (!live[i]) continue;
+    if (p.steps[i].a >= 0) live[p.steps[i].a] = true;
+    if (p.steps[i].b >= 0) live[p.steps[i].b] = true;
   }
+  std::vector<int> index(num_steps, -1);
+  std::vector<Step> kept;
+  for (int i = 0; i < num_steps; ++i) {
+    if (!live[i]) continue;
+    Step s = std::move(p.steps[i]);
+    if (s.a >= 0) s.a = index[s.a];
+    if (s.b >= 0) s.b = index[s.b];
+    index[i] = static_cast<int>(kept.size());
+    kept.push_back(std::move(s));
+  }
+  std::vector<int> free_slots;
+  int num_slots = 0;
+  for (size_t i = 0; i + 1 < kept.size(); ++i) {
+    Step& s = kept[i];
+    if (s.kind != Step::Kind::kKernel) continue;
+    if (free_slots.empty()) {
+      s.slot = num_slots++;
+    } else {
+      s.slot = free_slots.back();
+      free_slots.pop_back();
+    }
+    for (int o : {s.a, s.b}) {
+      if (o >= 0 && kept[o].slot >= 0) free_slots.push_back(kept[o].slot);
+    }
+  }
+  p.steps = std::move(kept);
+  p.num_slots = num_slots;
+}
+
+absl::StatusOr<Program> LowerOutput(const Node& root, const ElementSpec& in,
+                                    absl::string_view op, TypeInfo* info) {
+  Program p;
+  SLUICE_ASSIGN_OR_RETURN(Lowered l, Lower(root, in, op, p));
+  if (info != nullptr) *info = std::move(l.info);
+  p.complete = l.step >= 0;
+  if (p.complete) {
+    Finalize(p);
+  } else {
+    p.steps.clear();
+  }
+  return p;
+}
+
+// Whether `in` has the components, with the dtypes, `p` was lowered for.
+bool Matches(const Program& p, const Element& in) {
+  for (const Step& s : p.steps) {
+    if (s.kind != Step::Kind::kComponent) continue;
+    if (s.component == -1 ? in.size() != 1 : s.component >= static_cast<int>(in.size())) {
+      return false;
+    }
+    if (in[ComponentIndex(s)].dtype() != s.dtype) return false;
+  }
+  return true;
+}
+
+ElementSpec SpecOf(const Element& e) {
+  ElementSpec spec;
+  for (const Tensor& t : e) spec.components.push_back(ComponentSpec{t.dtype(), t.shape().dims()});
+  return spec;
 }
 
 }  // namespace
+
+struct CompiledFunction::Output {
+  std::unique_ptr<Node> node;
+  Program program;
+};
+
+// ---------------------------------------------------------------------------
+// CompiledFunction
+// ---------------------------------------------------------------------------
+
+CompiledFunction::CompiledFunction() = default;
+CompiledFunction::~CompiledFunction() = default;
 
 absl::StatusOr<std::shared_ptr<const CompiledFunction>> CompiledFunction::Compile(
     const proto::Function& fn, const ElementSpec& input, absl::string_view op) {
@@ -836,14 +835,13 @@ absl::StatusOr<std::shared_ptr<const CompiledFunction>> CompiledFunction::Compil
     return absl::InvalidArgumentError(absl::StrCat(op, ": function has no outputs"));
   }
   for (const proto::Expr& e : fn.outputs()) {
-    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Node> n, BuildNode(e, op, 0));
-    SLUICE_ASSIGN_OR_RETURN(TypeInfo t, Infer(*n, input, op));
-    if (t.weak && t.dtype) {
-      // A bare literal output materializes as int64/float64.
-      t.weak = false;
-    }
+    Output out;
+    SLUICE_ASSIGN_OR_RETURN(out.node, BuildNode(e, op, 0));
+    TypeInfo t;
+    SLUICE_ASSIGN_OR_RETURN(out.program, LowerOutput(*out.node, input, op, &t));
+    // A bare literal output materializes as its int64/float64 constant.
     f->output_spec_.components.push_back(ComponentSpec{t.dtype, t.shape});
-    f->outputs_.push_back(std::move(n));
+    f->outputs_.push_back(std::move(out));
   }
   return std::shared_ptr<const CompiledFunction>(std::move(f));
 }
@@ -882,9 +880,20 @@ absl::StatusOr<Element> CompiledFunction::Apply(const Element& input) const {
   }
   Element out;
   out.reserve(outputs_.size());
-  for (const auto& n : outputs_) {
-    SLUICE_ASSIGN_OR_RETURN(Value v, Eval(*n, input, op_));
-    out.push_back(std::move(v.t));
+  for (const Output& o : outputs_) {
+    const Program* program = &o.program;
+    Program relowered;
+    if (!o.program.complete || !Matches(o.program, input)) {
+      // The dtypes were unknown when compiled, or this element's differ from
+      // the spec: lower for this element (its type errors surface here).
+      SLUICE_ASSIGN_OR_RETURN(relowered, LowerOutput(*o.node, SpecOf(input), op_, nullptr));
+      if (!relowered.complete) {
+        return absl::InternalError(absl::StrCat(op_, ": expression has no dtype at run time"));
+      }
+      program = &relowered;
+    }
+    SLUICE_ASSIGN_OR_RETURN(Tensor t, Run(*program, input, op_));
+    out.push_back(std::move(t));
   }
   return out;
 }

@@ -31,13 +31,14 @@ class CompiledFunction {
   const ElementSpec& output_spec() const { return output_spec_; }
   absl::StatusOr<Element> Apply(const Element& input) const;
 
-  struct Node;
+  struct Node;    // an expression tree node, as parsed
+  struct Output;  // its tree and the program it is lowered to (expr.cc)
 
  private:
-  CompiledFunction() = default;
+  CompiledFunction();
   std::string op_;
   ElementSpec output_spec_;
-  std::vector<std::unique_ptr<Node>> outputs_;
+  std::vector<Output> outputs_;
   const void* udf_ = nullptr;  // const UdfEntry*
 };
 

@@ -4,11 +4,15 @@
 // bool logic; integer wrap-around, truncating division and division by zero;
 // float fmod and division by zero; saturating casts; type errors at
 // definition time; tuple outputs and zero-copy pass-through; element spec
-// inference; serialization and fingerprints.
+// inference; serialization and fingerprints. Then whole tensors through the
+// vectorized, block-fused evaluator against a scalar reference: every op and
+// cast on every dtype, broadcast both ways, at sizes around the block size.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -16,6 +20,7 @@
 #include "sluice/core/half.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
+#include "sluice/dataset/expr_kernels_internal.h"
 #include "tests/dataset/dataset_test_util.h"
 
 namespace sluice {
@@ -1730,6 +1735,499 @@ TEST(MinMaxNanTest, NanPropagatesWhicheverSideItIsOn) {
   for (int c = 0; c < 3; ++c) {
     for (int i = 0; i < 2; ++i) EXPECT_TRUE(std::isnan((*out)[0][c].at<float>(i))) << c << "," << i;
   }
+}
+
+// ---------------------------------------------------------------------------
+// Whole tensors through the vectorized, block-fused evaluator, against a
+// scalar reference written out here
+// ---------------------------------------------------------------------------
+
+constexpr int64_t kBlock = internal::kExprBlockElements;
+
+// Sizes around the evaluation block: empty, one value, a partial block, a
+// block less one, exactly one, one more, and several blocks with a tail.
+const std::vector<int64_t>& BlockSizes() {
+  static const std::vector<int64_t> sizes = {0, 1, 7, kBlock - 1, kBlock, kBlock + 1,
+                                             3 * kBlock + 5};
+  return sizes;
+}
+
+// `n` pseudo-random values of T, one in eight an edge case: 0, 1, -1 and the
+// limits for integers; ±0, ±1, ±inf and NaN for floats.
+template <typename T>
+std::vector<Cmp<T>> RandomValues(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Cmp<T>> out;
+  out.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t r = rng();
+    if constexpr (std::is_same_v<T, bool>) {
+      out.push_back((r & 1) != 0);
+    } else if constexpr (kIsFloat<T>) {
+      const double inf = std::numeric_limits<double>::infinity();
+      const double edges[] = {0.0, -0.0, 1.0, -1.0, inf, -inf, std::nan("")};
+      const double v = r % 8 == 0 ? edges[(r >> 8) % 7]
+                                  : std::ldexp(static_cast<double>(r >> 11) / 9007199254740992.0 - 0.5,
+                                               static_cast<int>((r >> 3) % 24) - 8);
+      out.push_back(R<T>(v));
+    } else {
+      const T edges[] = {T(0), T(1), static_cast<T>(-1), std::numeric_limits<T>::min(),
+                         std::numeric_limits<T>::max()};
+      out.push_back(r % 8 == 0 ? edges[(r >> 8) % 5] : static_cast<T>(r >> 5));
+    }
+  }
+  return out;
+}
+
+template <typename T>
+uint64_t Bits(T v) {
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+
+// `got` must hold `want` (a scalar when `scalar`, else a vector): bit for bit,
+// except that a NaN matches any NaN unless `canonical_nan` (Min/Max return
+// the quiet NaN). Reports the first mismatch only.
+template <typename U>
+void ExpectValues(const Tensor& got, const std::vector<Cmp<U>>& want, bool scalar,
+                  bool canonical_nan, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(DTypeName(got.dtype()), std::string(DTypeName(DTypeOf<U>())));
+  const int64_t n = static_cast<int64_t>(want.size());
+  if (scalar) {
+    ASSERT_TRUE(got.shape().is_scalar()) << got.DebugString();
+  } else {
+    ASSERT_EQ(got.shape().dims(), std::vector<int64_t>{n});
+  }
+  ASSERT_EQ(got.num_elements(), n);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const U g = got.at<U>(i);
+    const U w = FromCmp<U>(want[i]);
+    bool same;
+    if constexpr (kIsFloat<U>) {
+      if (std::isnan(ToCmp<U>(w))) {
+        same = std::isnan(ToCmp<U>(g)) &&
+               (!canonical_nan ||
+                Bits(g) == Bits(FromCmp<U>(std::numeric_limits<Cmp<U>>::quiet_NaN())));
+      } else {
+        same = Bits(g) == Bits(w);
+      }
+    } else {
+      same = g == w;
+    }
+    if (!same && bad++ == 0) {
+      ADD_FAILURE() << "first mismatch at " << i << " of " << n << ": got " << +ToCmp<U>(g)
+                    << ", want " << +ToCmp<U>(w);
+    }
+  }
+  EXPECT_EQ(bad, 0) << "mismatches";
+}
+
+enum class BinOp { kAdd, kSub, kMul, kDiv, kMod, kMin, kMax, kEq, kNe, kLt, kLe, kGt, kGe };
+constexpr BinOp kBinOps[] = {BinOp::kAdd, BinOp::kSub, BinOp::kMul, BinOp::kDiv, BinOp::kMod,
+                             BinOp::kMin, BinOp::kMax, BinOp::kEq,  BinOp::kNe,  BinOp::kLt,
+                             BinOp::kLe,  BinOp::kGt,  BinOp::kGe};
+constexpr const char* kBinOpNames[] = {"+", "-", "*", "/", "%", "Min", "Max",
+                                       "==", "!=", "<", "<=", ">", ">="};
+
+bool IsComparison(BinOp op) { return op >= BinOp::kEq; }
+
+Expr ApplyBinOp(BinOp op, const Expr& a, const Expr& b) {
+  switch (op) {
+    case BinOp::kAdd: return a + b;
+    case BinOp::kSub: return a - b;
+    case BinOp::kMul: return a * b;
+    case BinOp::kDiv: return a / b;
+    case BinOp::kMod: return a % b;
+    case BinOp::kMin: return expr::Min(a, b);
+    case BinOp::kMax: return expr::Max(a, b);
+    case BinOp::kEq: return a == b;
+    case BinOp::kNe: return a != b;
+    case BinOp::kLt: return a < b;
+    case BinOp::kLe: return a <= b;
+    case BinOp::kGt: return a > b;
+    case BinOp::kGe: return a >= b;
+  }
+  return a;
+}
+
+// expr.h's arithmetic, one value at a time: integers wrap (computed in
+// uint64), / and % truncate with MIN / -1 wrapping to MIN, float % is fmod,
+// 16-bit floats compute in float and round back, Min/Max of a NaN is NaN.
+template <typename T>
+Cmp<T> RefArith(BinOp op, Cmp<T> x, Cmp<T> y) {
+  using C = Cmp<T>;
+  if (op == BinOp::kMin || op == BinOp::kMax) {
+    if constexpr (kIsFloat<T>) {
+      if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
+    }
+    return op == BinOp::kMin ? (y < x ? y : x) : (y > x ? y : x);
+  }
+  if constexpr (kIsFloat<T>) {
+    switch (op) {
+      case BinOp::kAdd: return R<T>(x + y);
+      case BinOp::kSub: return R<T>(x - y);
+      case BinOp::kMul: return R<T>(x * y);
+      case BinOp::kDiv: return R<T>(x / y);
+      case BinOp::kMod: return R<T>(std::fmod(x, y));
+      default: break;
+    }
+  } else {
+    const uint64_t ux = static_cast<uint64_t>(x), uy = static_cast<uint64_t>(y);
+    bool minus_one = false;
+    if constexpr (std::is_signed_v<T>) minus_one = y == T(-1);
+    switch (op) {
+      case BinOp::kAdd: return static_cast<T>(ux + uy);
+      case BinOp::kSub: return static_cast<T>(ux - uy);
+      case BinOp::kMul: return static_cast<T>(ux * uy);
+      case BinOp::kDiv: return minus_one ? static_cast<T>(0 - ux) : static_cast<T>(x / y);
+      case BinOp::kMod: return minus_one ? T(0) : static_cast<T>(x % y);
+      default: break;
+    }
+  }
+  return C(0);
+}
+
+template <typename C>
+bool RefCompare(BinOp op, C x, C y) {
+  switch (op) {
+    case BinOp::kEq: return x == y;
+    case BinOp::kNe: return x != y;
+    case BinOp::kLt: return x < y;
+    case BinOp::kLe: return x <= y;
+    case BinOp::kGt: return x > y;
+    case BinOp::kGe: return x >= y;
+    default: return false;
+  }
+}
+
+// The H (Float16 or BFloat16) nearest to `v`, ties to even, as a float: the
+// correctly rounded result of a cast from a wide type, found by comparing
+// the neighbours of a nearby candidate exactly.
+template <typename H>
+float NearestHalf(long double v) {
+  if (std::isnan(v)) return std::numeric_limits<float>::quiet_NaN();
+  const uint16_t max_bits = std::is_same_v<H, Float16> ? 0x7bff : 0x7f7f;
+  H max_h, below_max;
+  max_h.bits = max_bits;
+  below_max.bits = max_bits - 1;
+  const long double max = static_cast<float>(max_h);
+  const long double ulp = max - static_cast<float>(below_max);
+  if (std::fabs(v) >= max + ulp / 2) return std::copysign(std::numeric_limits<float>::infinity(), static_cast<float>(v));
+  H best(static_cast<float>(v));
+  if (std::isinf(static_cast<float>(best))) best.bits = static_cast<uint16_t>((best.bits & 0x8000) | max_bits);
+  const H center = best;
+  for (int step : {-1, 1}) {
+    H h;
+    h.bits = static_cast<uint16_t>(center.bits + step);
+    const float f = static_cast<float>(h);
+    if (std::isnan(f) || std::isinf(f)) continue;
+    const long double d = std::fabs(static_cast<long double>(f) - v);
+    const long double best_d = std::fabs(static_cast<long double>(static_cast<float>(best)) - v);
+    if (d < best_d || (d == best_d && (h.bits & 1) == 0)) best = h;
+  }
+  return static_cast<float>(best);
+}
+
+// expr.h's casts, one value at a time: to bool is != 0; float to integer
+// saturates (NaN to 0); wide types to the 16-bit floats round once; the rest
+// wrap (integers) or round (floats) as C++ does.
+template <typename To, typename From>
+Cmp<To> RefCast(Cmp<From> v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    return v != Cmp<From>(0);
+  } else if constexpr (kIsHalf<To> && (std::is_same_v<From, double> ||
+                                       (std::is_integral_v<From> && sizeof(From) >= 4))) {
+    return NearestHalf<To>(static_cast<long double>(v));
+  } else if constexpr (std::is_integral_v<To> && kIsFloat<From>) {
+    if (std::isnan(v)) return To(0);
+    const long double lv = v;
+    if (lv <= static_cast<long double>(std::numeric_limits<To>::min())) {
+      return std::numeric_limits<To>::min();
+    }
+    if (lv >= static_cast<long double>(std::numeric_limits<To>::max())) {
+      return std::numeric_limits<To>::max();
+    }
+    return static_cast<To>(v);
+  } else {
+    return R<To>(v);
+  }
+}
+
+constexpr DType kNumericDTypes[] = {
+    DType::kBool,   DType::kInt8,   DType::kInt16,   DType::kInt32,    DType::kInt64,
+    DType::kUInt8,  DType::kUInt16, DType::kUInt32,  DType::kUInt64,   DType::kFloat16,
+    DType::kBFloat16, DType::kFloat32, DType::kFloat64};
+
+template <typename T>
+class VectorizedExprTest : public ::testing::Test {};
+TYPED_TEST_SUITE(VectorizedExprTest, NumericTypes, DTypeNames);
+
+TYPED_TEST(VectorizedExprTest, BinaryOpsMatchTheScalarReference) {
+  using T = TypeParam;
+  using C = Cmp<T>;
+  std::vector<Expr> outputs;
+  for (BinOp op : kBinOps) outputs.push_back(ApplyBinOp(op, x[0], x[1]));
+  const Function fn(outputs);
+  for (int64_t n : BlockSizes()) {
+    std::vector<C> a = RandomValues<T>(n, 2 * n + 1), b = RandomValues<T>(n, 2 * n + 2);
+    C sa = RandomValues<T>(1, n + 7)[0];
+    // Integer division by zero is an error (its own test); -1 divides MIN.
+    C sb = C(3);
+    if constexpr (!kIsFloat<T>) {
+      for (C& v : b) v = v == C(0) ? C(1) : v;
+      if constexpr (std::is_signed_v<T>) {
+        if (n % 2 == 1) sb = C(-1);
+      }
+    }
+    // vector op vector, vector op scalar, scalar op vector, scalar op scalar.
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool a_scalar = mode >= 2, b_scalar = mode == 1 || mode == 3;
+      const int64_t m = mode == 3 ? 1 : n;
+      Element in = {a_scalar ? ScalarOf<T>(sa) : TensorOf<T>(a),
+                    b_scalar ? ScalarOf<T>(sb) : TensorOf<T>(b)};
+      ASSERT_OK_AND_ASSIGN(Element out, MapOne(in, fn));
+      ASSERT_EQ(out.size(), std::size(kBinOps));
+      for (size_t k = 0; k < std::size(kBinOps); ++k) {
+        const BinOp op = kBinOps[k];
+        const std::string what = absl::StrCat("n=", n, " mode=", mode, " op ", kBinOpNames[k]);
+        std::vector<C> arith;
+        std::vector<bool> cmp;
+        for (int64_t i = 0; i < m; ++i) {
+          const C va = a_scalar ? sa : a[i], vb = b_scalar ? sb : b[i];
+          if (IsComparison(op)) {
+            cmp.push_back(RefCompare(op, va, vb));
+          } else {
+            arith.push_back(RefArith<T>(op, va, vb));
+          }
+        }
+        if (IsComparison(op)) {
+          ExpectValues<bool>(out[k], cmp, mode == 3, false, what);
+        } else {
+          ExpectValues<T>(out[k], arith, mode == 3, op == BinOp::kMin || op == BinOp::kMax, what);
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(VectorizedExprTest, UnaryOpsAndCastsMatchTheScalarReference) {
+  using T = TypeParam;
+  using C = Cmp<T>;
+  std::vector<Expr> outputs = {-x, expr::Abs(x)};
+  for (DType d : kNumericDTypes) outputs.push_back(x.Cast(d));
+  const Function fn(outputs);
+  for (int64_t n : BlockSizes()) {
+    const std::vector<C> a = RandomValues<T>(n, 3 * n + 5);
+    ASSERT_OK_AND_ASSIGN(Element out, MapOne({TensorOf<T>(a)}, fn));
+    ASSERT_EQ(out.size(), 2 + std::size(kNumericDTypes));
+    std::vector<C> neg, abs;
+    for (C v : a) {
+      neg.push_back(RefArith<T>(BinOp::kSub, C(0), v));
+      if constexpr (std::is_unsigned_v<T>) {
+        abs.push_back(v);
+      } else if constexpr (kIsFloat<T>) {
+        abs.push_back(std::fabs(v));
+      } else {
+        abs.push_back(v < 0 ? RefArith<T>(BinOp::kSub, C(0), v) : v);
+      }
+    }
+    if constexpr (kIsFloat<T>) {
+      // -x of 0 is -0, not 0 - 0.
+      for (size_t i = 0; i < a.size(); ++i) neg[i] = -a[i];
+    }
+    ExpectValues<T>(out[0], neg, false, false, absl::StrCat("n=", n, " neg"));
+    ExpectValues<T>(out[1], abs, false, false, absl::StrCat("n=", n, " abs"));
+    for (size_t k = 0; k < std::size(kNumericDTypes); ++k) {
+      VisitType(kNumericDTypes[k], [&]<typename U>() {
+        std::vector<Cmp<U>> want;
+        for (C v : a) want.push_back(RefCast<U, T>(v));
+        ExpectValues<U>(out[2 + k], want, false, false,
+                        absl::StrCat("n=", n, " cast to ", DTypeName(kNumericDTypes[k])));
+      });
+    }
+  }
+}
+
+TEST(VectorizedBoolExprTest, LogicComparisonsAndCastsMatchTheScalarReference) {
+  const Function fn({x[0] && x[1], x[0] || x[1], !x[0], x[0] == x[1], x[0] != x[1], x[0] < x[1],
+                     x[0] >= x[1], x[0].Cast(DType::kInt32), x[0].Cast(DType::kFloat16)});
+  for (int64_t n : BlockSizes()) {
+    const std::vector<bool> a = RandomValues<bool>(n, 5 * n + 1),
+                            b = RandomValues<bool>(n, 5 * n + 2);
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool a_scalar = mode == 2, b_scalar = mode == 1;
+      const bool sa = n % 2 == 0, sb = n % 3 == 0;
+      Element in = {a_scalar ? Tensor::Scalar<bool>(sa) : TensorOf<bool>(a),
+                    b_scalar ? Tensor::Scalar<bool>(sb) : TensorOf<bool>(b)};
+      ASSERT_OK_AND_ASSIGN(Element out, MapOne(in, fn));
+      std::vector<bool> want[7];
+      std::vector<int32_t> as_int;
+      std::vector<float> as_half;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool va = a_scalar ? sa : a[i], vb = b_scalar ? sb : b[i];
+        want[0].push_back(va && vb);
+        want[1].push_back(va || vb);
+        want[2].push_back(!va);
+        want[3].push_back(va == vb);
+        want[4].push_back(va != vb);
+        want[5].push_back(va < vb);
+        want[6].push_back(va >= vb);
+        as_int.push_back(va ? 1 : 0);
+        as_half.push_back(va ? 1.0f : 0.0f);
+      }
+      const std::string what = absl::StrCat("n=", n, " mode=", mode);
+      for (int k = 0; k < 7; ++k) {
+        if (k == 2 && a_scalar) {
+          ExpectValues<bool>(out[k], {!sa}, true, false, what + " !x[0]");
+        } else {
+          ExpectValues<bool>(out[k], want[k], false, false, absl::StrCat(what, " output ", k));
+        }
+      }
+      if (a_scalar) {
+        ExpectValues<int32_t>(out[7], {sa ? 1 : 0}, true, false, what + " cast int32");
+      } else {
+        ExpectValues<int32_t>(out[7], as_int, false, false, what + " cast int32");
+        ExpectValues<Float16>(out[8], as_half, false, false, what + " cast float16");
+      }
+    }
+  }
+}
+
+TEST(VectorizedBoolExprTest, AnyNonZeroByteIsTrue) {
+  // A bool tensor viewed over bytes other than 0 and 1 (a decoded frame, a
+  // file): every non-zero byte reads as true, and results are 0 or 1.
+  const int64_t n = kBlock + 9;
+  auto bytes = std::shared_ptr<uint8_t[]>(new uint8_t[n]);
+  std::vector<bool> truth;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t vals[] = {0, 1, 2, 255, 128};
+    bytes[i] = vals[i % 5];
+    truth.push_back(bytes[i] != 0);
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::View(DType::kBool, TensorShape({n}), bytes.get(), n, bytes));
+  ASSERT_OK_AND_ASSIGN(Element out, MapOne({t}, Function({x && x, !x, x == true, x.Cast(DType::kInt32)})));
+  std::vector<bool> negated;
+  std::vector<int32_t> ints;
+  for (bool v : truth) {
+    negated.push_back(!v);
+    ints.push_back(v ? 1 : 0);
+  }
+  ExpectValues<bool>(out[0], truth, false, false, "x && x");
+  ExpectValues<bool>(out[1], negated, false, false, "!x");
+  ExpectValues<bool>(out[2], truth, false, false, "x == true");
+  ExpectValues<int32_t>(out[3], ints, false, false, "cast int32");
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_LE(out[0].data()[i], 1) << i;
+    ASSERT_LE(out[1].data()[i], 1) << i;
+  }
+}
+
+TEST(FusedChainTest, ChainsMatchAStepByStepReference) {
+  for (int64_t n : BlockSizes()) {
+    SCOPED_TRACE(absl::StrCat("n=", n));
+    // float32: the benchmark's chain, and one that keeps two temporaries live.
+    const std::vector<float> f = RandomValues<float>(n, 7 * n + 1);
+    const std::vector<float> g = RandomValues<float>(n, 7 * n + 2);
+    ASSERT_OK_AND_ASSIGN(Element fo, MapOne({TensorOf<float>(f), TensorOf<float>(g)},
+                                            Function({x[0] * 2.0f + 1.0f, x[0] + 0.0f,
+                                                      (x[0] + x[1]) * (x[0] - x[1]) / 4.0f})));
+    std::vector<float> affine, plus0, two;
+    for (int64_t i = 0; i < n; ++i) {
+      const float m = f[i] * 2.0f;
+      affine.push_back(m + 1.0f);
+      plus0.push_back(f[i] + 0.0f);
+      const float s = f[i] + g[i], d = f[i] - g[i], p = s * d;
+      two.push_back(p / 4.0f);
+    }
+    ExpectValues<float>(fo[0], affine, false, false, "x * 2 + 1");
+    ExpectValues<float>(fo[1], plus0, false, false, "x + 0");
+    ExpectValues<float>(fo[2], two, false, false, "(a + b) * (a - b) / 4");
+
+    // float16 rounds after every op of the chain.
+    const std::vector<float> h = RandomValues<Float16>(n, 7 * n + 3);
+    ASSERT_OK_AND_ASSIGN(Element ho, MapOne({TensorOf<Float16>(h)}, (x * 3 + 1) * x - 0.5));
+    std::vector<float> hw;
+    for (float v : h) hw.push_back(R<Float16>(R<Float16>(R<Float16>(R<Float16>(v * 3) + 1) * v) - 0.5f));
+    ExpectValues<Float16>(ho[0], hw, false, false, "float16 (x * 3 + 1) * x - 0.5");
+
+    // int32, wrapping: a deep chain (slots are reused) mixing in a second
+    // operand, a scalar and a truncating division.
+    const std::vector<int32_t> a = RandomValues<int32_t>(n, 7 * n + 4);
+    const std::vector<int32_t> b = RandomValues<int32_t>(n, 7 * n + 5);
+    Expr e = x[0];
+    std::vector<int32_t> want = a;
+    for (int k = 0; k < 40; ++k) {
+      switch (k % 4) {
+        case 0: e = e * 3; break;
+        case 1: e = e + x[1]; break;
+        case 2: e = (e - k) / 7; break;
+        case 3: e = e * (x[1] + e); break;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t& w = want[i];
+        switch (k % 4) {
+          case 0: w = RefArith<int32_t>(BinOp::kMul, w, 3); break;
+          case 1: w = RefArith<int32_t>(BinOp::kAdd, w, b[i]); break;
+          case 2: w = RefArith<int32_t>(BinOp::kDiv, RefArith<int32_t>(BinOp::kSub, w, k), 7); break;
+          case 3: w = RefArith<int32_t>(BinOp::kMul, w, RefArith<int32_t>(BinOp::kAdd, b[i], w)); break;
+        }
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(Element io, MapOne({TensorOf<int32_t>(a), TensorOf<int32_t>(b)}, e));
+    ExpectValues<int32_t>(io[0], want, false, false, "deep int32 chain");
+  }
+}
+
+TEST(FusedChainTest, MatrixShapesAndMisalignedViews) {
+  // A [3, kBlock/2 + 1] tensor: blocks cross rows.
+  const int64_t cols = kBlock / 2 + 1, n = 3 * cols;
+  const std::vector<float> f = RandomValues<float>(n, 11);
+  ASSERT_OK_AND_ASSIGN(Tensor m, Tensor::FromVector<float>(f, TensorShape({3, cols})));
+  ASSERT_OK_AND_ASSIGN(Element out, MapOne({m}, x * 2.0f + 1.0f));
+  EXPECT_EQ(out[0].shape().dims(), (std::vector<int64_t>{3, cols}));
+  ASSERT_OK_AND_ASSIGN(Tensor flat, out[0].Reshape(TensorShape({n})));
+  std::vector<float> want;
+  for (float v : f) want.push_back(v * 2.0f + 1.0f);
+  ExpectValues<float>(flat, want, false, false, "matrix");
+
+  // A float64 view one byte off alignment is evaluated from an aligned copy.
+  const std::vector<double> d = RandomValues<double>(kBlock + 3, 12);
+  auto bytes = std::shared_ptr<uint8_t[]>(new uint8_t[d.size() * 8 + 1]);
+  std::memcpy(bytes.get() + 1, d.data(), d.size() * 8);
+  ASSERT_OK_AND_ASSIGN(Tensor odd, Tensor::View(DType::kFloat64, TensorShape({static_cast<int64_t>(d.size())}),
+                                                bytes.get() + 1, d.size() * 8, bytes));
+  ASSERT_OK_AND_ASSIGN(Element od, MapOne({odd}, x * 0.5 - x));
+  std::vector<double> dw;
+  for (double v : d) dw.push_back(v * 0.5 - v);
+  ExpectValues<double>(od[0], dw, false, false, "misaligned float64");
+}
+
+TEST(VectorizedDivisionByZeroTest, AnyZeroDivisorIsAnErrorNamingItsOp) {
+  const int64_t n = 2 * kBlock + 10;
+  std::vector<int32_t> a(n, 7), b(n, 1);
+  b[kBlock + 3] = 0;  // in the second block
+  const Element in = {Tensor::FromVector<int32_t>(a), Tensor::FromVector<int32_t>(b)};
+  EXPECT_STATUS(MapOne(in, x[0] / x[1]).status(), kInvalid, "op 'div': integer division by zero");
+  EXPECT_STATUS(MapOne(in, x[0] % x[1]).status(), kInvalid, "op 'mod': integer division by zero");
+  EXPECT_STATUS(MapOne(in, (x[0] + 1) / x[1] * 2).status(), kInvalid, "op 'div'");
+  EXPECT_STATUS(MapOne(in, x[1] / x[1]).status(), kInvalid, "division by zero");
+  // The other integer dtypes, with a scalar zero divisor.
+  EXPECT_STATUS(MapOne({Tensor::FromVector<uint8_t>({1, 2, 3})}, x / 0).status(), kInvalid,
+                "division by zero");
+  // Nothing is divided in an empty tensor; a literal-only 1 / 0 is
+  // evaluated (and fails) whatever the tensor's size.
+  ASSERT_OK_AND_ASSIGN(Element empty, MapOne({Tensor::FromVector<int32_t>({})}, x / 0));
+  EXPECT_EQ(empty[0].num_elements(), 0);
+  EXPECT_STATUS(MapOne({Tensor::FromVector<int32_t>({})}, x + expr::Lift(1) / 0).status(),
+                kInvalid, "division by zero");
+  // Float division by zero is IEEE: no error.
+  ASSERT_OK_AND_ASSIGN(Element f, MapOne({Tensor::FromVector<float>({1.0f, -1.0f, 0.0f})}, x / 0.0f));
+  EXPECT_EQ(f[0].at<float>(0), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(f[0].at<float>(1), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(f[0].at<float>(2)));
 }
 
 }  // namespace
