@@ -238,6 +238,8 @@ absl::Status ListenError(absl::string_view who, const std::string& bind_address,
 
 namespace {
 
+constexpr int kMinConnectTimeoutMs = 5000;
+
 grpc::ChannelArguments ChannelArgs(int max_receive_bytes) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_receive_bytes);
@@ -246,7 +248,12 @@ grpc::ChannelArguments ChannelArgs(int max_receive_bytes) {
   // to two minutes (gRPC's default).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // gRPC also reads this as the minimum time one connection attempt may
+  // take (TCP connect plus the TLS handshake) before it is abandoned. A
+  // busy client process (a trainer, a UCX progress thread) can take longer
+  // than the backoff to see its connect complete; with the 100 ms floor
+  // every attempt was cut short and the channel never reconnected.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectTimeoutMs);
   return args;
 }
 

@@ -10,9 +10,14 @@ namespace {
 constexpr absl::Duration kLongPoll = absl::Milliseconds(200);
 constexpr absl::Duration kRetry = absl::Milliseconds(100);
 
+// Worth a retry: the dispatcher unreachable or restarting. CANCELLED counts:
+// this client only cancels its own calls when stopping (checked first), so
+// a CANCELLED is a dispatcher that shut down with the call in flight (a
+// graceful restart cancels the long polls it holds).
 bool Transient(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         s.error_code() == grpc::StatusCode::CANCELLED;
 }
 
 }  // namespace

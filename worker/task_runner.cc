@@ -74,7 +74,13 @@ void TaskRunner::Produce() {
     }
     auto e = (*it)->Next();
     if (!e.ok()) {
-      if (absl::IsCancelled(e.status())) return;  // stopped while waiting for a split
+      {
+        absl::MutexLock l(&mu_);
+        if (stop_) return;  // stopped while waiting for a split
+      }
+      // Anything else ends the task with its error, a Cancelled too: a
+      // producer that just returned would leave consumers polling a task
+      // that never ends.
       return fail(e.status());
     }
     if (!e->has_value()) {

@@ -8,13 +8,15 @@
 //    again, and its parallel_epochs data starts over;
 //  - a worker that joins after the others handed out all their elements,
 //    but before the client read them, gets a task, and its elements arrive;
-//  - a fault-tolerant dispatcher killed mid-distributed_epoch and restarted
-//    leaves a client that reads every element once and then ends.
+//  - a fault-tolerant dispatcher killed (SIGKILL) or stopped (SIGTERM, as a
+//    rolling update does) mid-distributed_epoch and restarted leaves a
+//    client that reads every element once and then ends.
 // Labelled `fault`. Timeouts are hang guards only.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,7 @@ namespace {
 struct Transport {
   std::string name, protocol, ucx_tls;
 };
+void PrintTo(const Transport& t, std::ostream* os) { *os << t.name; }
 
 class MembershipTest : public MultiProcessTest, public ::testing::WithParamInterface<Transport> {
  protected:
@@ -156,8 +159,14 @@ TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
                           GetParam().protocol}));
   Watchdog watchdog(absl::Seconds(120), "DispatcherRestartMidDistributedEpochEnds",
                     [this] { KillAllChildren(); });
-  for (const int64_t outstanding : {int64_t{8}, int64_t{1}}) {
-    SCOPED_TRACE(absl::StrCat("max_outstanding_requests ", outstanding));
+  struct Case {
+    int64_t outstanding;
+    bool graceful;  // SIGTERM (a rolling update) rather than SIGKILL
+  };
+  for (const Case c : {Case{8, false}, Case{1, false}, Case{8, true}, Case{1, true}}) {
+    const int64_t outstanding = c.outstanding;
+    SCOPED_TRACE(absl::StrCat("max_outstanding_requests ", outstanding,
+                              c.graceful ? ", SIGTERM" : ", SIGKILL"));
     DistributeOptions opt = Options("distributed_epoch");
     opt.max_outstanding_requests = outstanding;
     std::vector<int64_t> values;
@@ -165,7 +174,7 @@ TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
     {
       ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
       ASSERT_OK(Drain(*it, &values, [&](int64_t received) {
-        if (received == kN / 2) restarted = KillAndRestartDispatcher();
+        if (received == kN / 2) restarted = KillAndRestartDispatcher(c.graceful);
       }));
     }
     ASSERT_OK(restarted);

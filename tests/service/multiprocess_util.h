@@ -406,8 +406,17 @@ class MultiProcessTest : public ::testing::Test {
 
   // kill -9 the dispatcher and start it again with the same arguments (the
   // cluster must have been started on a fixed dispatcher_port_).
-  absl::Status KillAndRestartDispatcher() {
-    dispatcher_->KillAndReap();
+  // SIGKILL, or with `graceful` SIGTERM and a wait for the exit, then a new
+  // dispatcher on the same port with the same flags.
+  absl::Status KillAndRestartDispatcher(bool graceful = false) {
+    if (graceful) {
+      dispatcher_->Signal(SIGTERM);
+      if (!dispatcher_->WaitForExit(absl::Seconds(30)).has_value()) {
+        return absl::DeadlineExceededError("the dispatcher did not exit within 30 s of SIGTERM");
+      }
+    } else {
+      dispatcher_->KillAndReap();
+    }
     ++dispatcher_restarts_;
     return SpawnDispatcher(absl::StrCat("dispatcher", dispatcher_restarts_),
                            absl::Now() + kStartDeadline);
