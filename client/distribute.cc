@@ -933,6 +933,7 @@ Dataset Dataset::FromDatasetId(const std::string& processing_mode, const std::st
 namespace {
 
 absl::StatusOr<std::string> RegisterWith(const std::string& service, const Dataset& dataset,
+                                         const std::string& dataset_id,
                                          const ClientSecurity& security, int64_t timeout_ms) {
   SLUICE_RETURN_IF_ERROR(dataset.status());
   if (ContainsDataService(*dataset.rep()->analysis)) {
@@ -945,6 +946,7 @@ absl::StatusOr<std::string> RegisterWith(const std::string& service, const Datas
   auto stub = proto::DispatcherService::NewStub(channel);
   proto::RegisterDatasetRequest req;
   *req.mutable_dataset() = dataset.def();
+  req.set_dataset_id(dataset_id);
   proto::RegisterDatasetResponse resp;
   SLUICE_RETURN_IF_ERROR(Call(stub.get(), &proto::DispatcherService::Stub::RegisterDataset, req,
                               &resp, address, timeout_ms));
@@ -957,14 +959,16 @@ absl::StatusOr<std::string> RegisterDataset(const std::string& service, const Da
                                             int64_t timeout_ms) {
   ClientSecurity security;
   security.auth_token = internal::ClientAuthToken("");
-  return RegisterWith(service, dataset, security, timeout_ms);
+  return RegisterWith(service, dataset, "", security, timeout_ms);
 }
 
 absl::StatusOr<std::string> RegisterDataset(const Dataset& dataset,
-                                            const DistributeOptions& options) {
+                                            const DistributeOptions& options,
+                                            const std::string& dataset_id) {
   SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(options.auth_token, "RegisterDataset"));
   ClientSecurity security{options.tls, internal::ClientAuthToken(options.auth_token)};
-  return RegisterWith(options.service, dataset, security, options.dispatcher_timeout_ms);
+  return RegisterWith(options.service, dataset, dataset_id, security,
+                      options.dispatcher_timeout_ms);
 }
 
 DataServiceStats GetDataServiceStats() {

@@ -105,11 +105,15 @@ struct DistributeOptions {
 // Registers `dataset` with the service and returns its id (identical
 // definitions get the same id). This form uses plain-text gRPC and
 // $SLUICE_AUTH_TOKEN; the second takes the service, TLS, token and timeout
-// from `options`.
+// from `options`, and, when `dataset_id` is set, registers under that id
+// (1-128 characters of [A-Za-z0-9._-], as tf.data's
+// register_dataset(dataset_id=...)): registering the same definition under
+// it again returns it, a different definition is AlreadyExists.
 absl::StatusOr<std::string> RegisterDataset(const std::string& service, const Dataset& dataset,
                                             int64_t timeout_ms = 10000);
 absl::StatusOr<std::string> RegisterDataset(const Dataset& dataset,
-                                            const DistributeOptions& options);
+                                            const DistributeOptions& options,
+                                            const std::string& dataset_id = "");
 
 // Process-wide counters of the data-service client.
 struct DataServiceStats {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +16,20 @@
 namespace sluice::internal {
 
 namespace {
+
+// A caller-chosen dataset id: 1-128 bytes of [A-Za-z0-9._-].
+absl::Status ValidateDatasetId(const std::string& id) {
+  constexpr size_t kMaxDatasetIdBytes = 128;
+  const bool ok_chars = std::all_of(id.begin(), id.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+  if (id.size() > kMaxDatasetIdBytes || !ok_chars) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RegisterDataset: dataset id '", absl::CHexEscape(id.substr(0, kMaxDatasetIdBytes)),
+        "' must be 1-", kMaxDatasetIdBytes, " characters of [A-Za-z0-9._-]"));
+  }
+  return absl::OkStatus();
+}
 
 struct ModeName {
   const char* name;
@@ -1027,13 +1042,17 @@ absl::Status DispatcherImpl::RegisterDataset(const proto::RegisterDatasetRequest
     return absl::InvalidArgumentError(
         "RegisterDataset: the dataset definition is empty or of an unsupported version");
   }
-  uint64_t fp = DefFingerprint(req.dataset());
+  const bool named = !req.dataset_id().empty();
+  if (named) SLUICE_RETURN_IF_ERROR(ValidateDatasetId(req.dataset_id()));
+  const uint64_t fp = DefFingerprint(req.dataset());
   absl::MutexLock l(&mu_);
-  // Deduplicate by fingerprint; a (vanishingly unlikely) collision between
-  // different definitions gets a suffixed id.
+  // The caller's id, or "ds-" and the fingerprint: identical definitions
+  // share it; a (vanishingly unlikely) collision between different
+  // definitions gets a suffixed id.
   for (int suffix = 0;; ++suffix) {
-    std::string id = absl::StrCat("ds-", absl::Hex(fp, absl::kZeroPad16),
-                                  suffix ? absl::StrCat("-", suffix) : "");
+    const std::string id = named ? req.dataset_id()
+                                 : absl::StrCat("ds-", absl::Hex(fp, absl::kZeroPad16),
+                                                suffix ? absl::StrCat("-", suffix) : "");
     auto it = datasets_.find(id);
     if (it == datasets_.end()) {
       proto::JournalRecord rec;
@@ -1048,6 +1067,11 @@ absl::Status DispatcherImpl::RegisterDataset(const proto::RegisterDatasetRequest
     if (CanonicalBytes(it->second.def) == CanonicalBytes(req.dataset())) {
       resp->set_dataset_id(id);
       return absl::OkStatus();
+    }
+    if (named) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "RegisterDataset: dataset id '", id,
+          "' is registered with a different definition; choose another id"));
     }
   }
 }

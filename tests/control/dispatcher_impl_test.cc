@@ -68,9 +68,11 @@ class DispatcherImplTest : public ::testing::Test {
 
   // ---- request helpers (no long polls) ----
 
-  absl::StatusOr<std::string> Register(const proto::DatasetDef& def) {
+  absl::StatusOr<std::string> Register(const proto::DatasetDef& def,
+                                       const std::string& dataset_id = "") {
     proto::RegisterDatasetRequest req;
     *req.mutable_dataset() = def;
+    req.set_dataset_id(dataset_id);
     proto::RegisterDatasetResponse resp;
     absl::Status s = d_->RegisterDataset(req, &resp);
     if (!s.ok()) return s;
@@ -268,6 +270,35 @@ TEST_F(DispatcherImplTest, RegisterDatasetDeduplicatesIdenticalDefinitions) {
   EXPECT_NE(a, e);
   EXPECT_NE(c, e);
   EXPECT_EQ(e, e2);
+}
+
+// tf.data's register_dataset(dataset_id=...): the caller names it.
+TEST_F(DispatcherImplTest, RegisterDatasetUnderAnExplicitId) {
+  ASSERT_OK_AND_ASSIGN(std::string id, Register(Dataset::Range(5).def(), "train.v1_a-b"));
+  EXPECT_EQ(id, "train.v1_a-b");
+  // The same definition again: the same id. Auto-named, it gets its own.
+  ASSERT_OK_AND_ASSIGN(std::string again, Register(Dataset::Range(5).def(), "train.v1_a-b"));
+  EXPECT_EQ(again, "train.v1_a-b");
+  ASSERT_OK_AND_ASSIGN(std::string automatic, RegisterRange(5));
+  EXPECT_THAT(automatic, ::testing::StartsWith("ds-"));
+  // A different definition under a taken id.
+  EXPECT_STATUS(Register(Dataset::Range(6).def(), "train.v1_a-b"),
+                absl::StatusCode::kAlreadyExists,
+                "dataset id 'train.v1_a-b' is registered with a different definition");
+  // Ids it refuses.
+  for (const std::string& bad : {std::string("a b"), std::string("a/b"), std::string(129, 'a'),
+                                std::string("caf\xc3\xa9")}) {
+    EXPECT_STATUS(Register(Dataset::Range(5).def(), bad), absl::StatusCode::kInvalidArgument,
+                  "must be 1-128 characters of [A-Za-z0-9._-]");
+  }
+  ASSERT_OK(Register(Dataset::Range(5).def(), std::string(128, 'a')).status());
+  // Jobs and definitions are found by it.
+  proto::GetDatasetDefRequest req;
+  req.set_dataset_id("train.v1_a-b");
+  proto::GetDatasetDefResponse resp;
+  ASSERT_OK(d_->GetDatasetDef(req, &resp));
+  EXPECT_TRUE(MessageDifferencer::Equals(resp.dataset(), Dataset::Range(5).def()));
+  ASSERT_OK(Job("train.v1_a-b").status());
 }
 
 TEST_F(DispatcherImplTest, GetDatasetDefReturnsTheRegisteredDefinition) {
@@ -1745,6 +1776,17 @@ class JournalTest : public DispatcherImplTest {
   std::string dir_;
   DispatcherConfig config_;
 };
+
+TEST_F(JournalTest, AnExplicitDatasetIdSurvivesARestart) {
+  ASSERT_OK(Register(Dataset::Range(5).def(), "eval").status());
+  Restart();
+  ASSERT_OK_AND_ASSIGN(std::string again, Register(Dataset::Range(5).def(), "eval"));
+  EXPECT_EQ(again, "eval");
+  EXPECT_STATUS(Register(Dataset::Range(6).def(), "eval"), absl::StatusCode::kAlreadyExists,
+                "different definition");
+  Restart();  // compacted: the snapshot keeps it too
+  ASSERT_OK(Job("eval").status());
+}
 
 TEST_F(JournalTest, ReplayRebuildsDatasetsJobsIterationsTasksAndClients) {
   Restart();  // an empty journal

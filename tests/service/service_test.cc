@@ -551,6 +551,18 @@ TEST_P(ServiceTest, RegisterDatasetAndFromDatasetId) {
   EXPECT_STATUS(Collect(Dataset::FromDatasetId("parallel_epochs", dispatcher_->target(),
                                                 "ds-nonexistent", Options())),
                 absl::StatusCode::kNotFound, "is not registered");
+  // An id the caller chose (tf.data's register_dataset(dataset_id=...)).
+  DistributeOptions o = Options();
+  o.service = dispatcher_->target();
+  ASSERT_OK_AND_ASSIGN(std::string named, RegisterDataset(ds, o, "times-three"));
+  EXPECT_EQ(named, "times-three");
+  ASSERT_OK_AND_ASSIGN(auto w, WithHangGuard([&] {
+    return CollectScalars<int64_t>(
+        Dataset::FromDatasetId("parallel_epochs", dispatcher_->target(), "times-three", Options()));
+  }));
+  EXPECT_THAT(w, UnorderedElementsAreArray({0, 0, 3, 3, 6, 6, 9, 9}));
+  EXPECT_STATUS(RegisterDataset(Dataset::Range(5), o, "times-three").status(),
+                absl::StatusCode::kAlreadyExists, "different definition");
 }
 
 TEST_P(ServiceTest, DestroyingTheIteratorReleasesItsIterationClient) {
