@@ -138,6 +138,9 @@ class DataServiceIterator final : public Iterator {
     job_req.set_processing_mode(mode);
     job_req.set_job_name(node.job_name());
     job_req.set_num_consumers(node.num_consumers());
+    SLUICE_ASSIGN_OR_RETURN(proto::TargetWorkers target,
+                            internal::ParseTargetWorkers(node.target_workers()));
+    job_req.set_target_workers(target);
     proto::GetOrCreateJobResponse job;
     SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(), &proto::DispatcherService::Stub::GetOrCreateJob,
                                 job_req, &job, address, timeout));
@@ -145,6 +148,7 @@ class DataServiceIterator final : public Iterator {
     iter_req.set_job_id(job.job_id());
     iter_req.set_repetition(repetition);
     iter_req.set_consumer_index(node.consumer_index());
+    iter_req.set_host_id(internal::LocalHostId());
     proto::GetOrCreateIterationResponse iter;
     SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(),
                                 &proto::DispatcherService::Stub::GetOrCreateIteration, iter_req,
@@ -852,6 +856,13 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
                                                    o.data_transfer_protocol,
                                                    "'; expected grpc or ucx"));
   }
+  SLUICE_ASSIGN_OR_RETURN(proto::TargetWorkers target,
+                          internal::ParseTargetWorkers(o.target_workers));
+  if (target == proto::TARGET_WORKERS_LOCAL && o.num_consumers.has_value()) {
+    return absl::InvalidArgumentError(
+        "Distribute: coordinated reads (num_consumers) need non-local workers; "
+        "target_workers=LOCAL does not combine with them");
+  }
   if (o.consumer_index.has_value() != o.num_consumers.has_value()) {
     return absl::InvalidArgumentError(
         "Distribute: coordinated reads need both consumer_index and num_consumers");
@@ -898,6 +909,7 @@ proto::DatasetNode MakeNode(const DistributeOptions& o) {
   d->set_tls_ca_file(o.tls.ca_file);
   d->set_auth_token(o.auth_token);
   d->set_max_element_bytes(o.max_element_bytes);
+  d->set_target_workers(o.target_workers);
   return n;
 }
 

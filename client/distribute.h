@@ -62,6 +62,15 @@ struct DistributeOptions {
   std::string service;
   std::string job_name;
   int64_t max_outstanding_requests = 8;
+  // Which workers to read, as tf.data's target_workers (case-insensitive):
+  // "AUTO" (the default; reads every worker, as "ANY"), "ANY", or "LOCAL":
+  // only the workers on this process's host, so elements never cross the
+  // network (same-host UCX uses shared memory). A host is named by its host
+  // id: $SLUICE_HOST_ID, else gethostname(). Under LOCAL the job's tasks run
+  // only on its consumers' hosts; creating an iterator with no worker on
+  // this host is InvalidArgument. A job's consumers all use the same value.
+  // LOCAL does not combine with coordinated reads or static sharding.
+  std::string target_workers = "AUTO";
   // "ucx": elements land in this process's preregistered receive pool
   // without a copy (RDMA / shared memory / TCP, as UCX finds). "grpc": the
   // baseline path. A worker that serves gRPC only is read over gRPC.

@@ -2,7 +2,10 @@
 #include "sluice/control/grpc_util.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+
+#include <unistd.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -61,6 +64,31 @@ std::string ProcessingModeName(proto::ProcessingMode mode) {
     if (mode == m.mode) return m.name;
   }
   return "unspecified";
+}
+
+absl::StatusOr<proto::TargetWorkers> ParseTargetWorkers(const std::string& name) {
+  const std::string upper = absl::AsciiStrToUpper(name);
+  if (upper.empty() || upper == "AUTO") return proto::TARGET_WORKERS_AUTO;
+  if (upper == "ANY") return proto::TARGET_WORKERS_ANY;
+  if (upper == "LOCAL") return proto::TARGET_WORKERS_LOCAL;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown target_workers '", name, "'; expected AUTO, ANY or LOCAL"));
+}
+
+std::string TargetWorkersName(proto::TargetWorkers target) {
+  switch (target) {
+    case proto::TARGET_WORKERS_ANY: return "ANY";
+    case proto::TARGET_WORKERS_LOCAL: return "LOCAL";
+    default: return "AUTO";
+  }
+}
+
+std::string LocalHostId() {
+  const char* env = std::getenv("SLUICE_HOST_ID");
+  if (env != nullptr && *env != '\0') return env;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
 }
 
 std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode) {
@@ -256,6 +284,7 @@ std::vector<std::string> DispatcherImpl::SnapshotLocked() {
     u->set_processing_mode(j.mode);
     u->set_job_name(j.name);
     u->set_num_consumers(j.num_consumers);
+    u->set_target_workers(j.target_workers);
     *u->mutable_split_source() = j.split_source;
     u->set_split_tracked(j.split_tracked);
   }
@@ -267,15 +296,20 @@ std::vector<std::string> DispatcherImpl::SnapshotLocked() {
     u->set_transfer_address(w.transfer_address);
     u->set_transfer_protocol(w.protocol);
     u->set_index(w.index);
+    u->set_host_id(w.host_id);
   }
-  std::map<std::string, int64_t> gone;  // address -> its shard (index)
+  // address -> its shard (index) and host
+  std::map<std::string, std::pair<int64_t, std::string>> gone;
   for (const auto& [id, t] : tasks_) {
-    if (!workers_.count(t.worker)) gone.emplace(t.worker, std::max<int64_t>(0, t.shard));
+    if (!workers_.count(t.worker)) {
+      gone.emplace(t.worker, std::make_pair(std::max<int64_t>(0, t.shard), t.host_id));
+    }
   }
-  for (const auto& [addr, index] : gone) {
+  for (const auto& [addr, shard_host] : gone) {
     auto* u = add()->mutable_register_worker();
     u->set_address(addr);
-    u->set_index(index);
+    u->set_index(shard_host.first);
+    u->set_host_id(shard_host.second);
   }
   for (const auto& [id, it] : iterations_) {
     auto* u = add()->mutable_create_iteration();
@@ -352,9 +386,10 @@ std::vector<std::string> DispatcherImpl::SnapshotLocked() {
     u->set_client_id(id);
     u->set_iteration_id(c.iteration_id);
     u->set_consumer_index(c.consumer_index);
+    u->set_host_id(c.host_id);
     if (c.at_end) add()->mutable_client_at_end()->set_client_id(id);
   }
-  for (const auto& [addr, index] : gone) add()->mutable_remove_worker()->set_address(addr);
+  for (const auto& [addr, shard_host] : gone) add()->mutable_remove_worker()->set_address(addr);
   for (size_t i = 0; i < shard_claims_.size(); ++i) {
     if (shard_claims_[i].empty()) continue;
     auto* u = add()->mutable_shard_claim();
@@ -418,6 +453,7 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       job.mode = r.processing_mode();
       job.name = r.job_name();
       job.num_consumers = r.num_consumers();
+      job.target_workers = r.target_workers();
       job.split_source = r.split_source();
       job.split_tracked = r.split_tracked();
       if (!jobs_.emplace(job.id, job).second) {
@@ -457,12 +493,14 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       w.transfer_address = r.transfer_address();
       w.protocol = r.transfer_protocol();
       w.index = r.index();
+      w.host_id = r.host_id();
       w.last_heartbeat = clock_();
       auto known = workers_.find(r.address());
       if (known != workers_.end()) {
         // Registered again (it restarted): new addresses, same index.
         known->second.transfer_address = r.transfer_address();
         known->second.protocol = r.transfer_protocol();
+        known->second.host_id = r.host_id();
         return absl::OkStatus();
       }
       workers_.emplace(w.address, std::move(w));
@@ -511,6 +549,7 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       c.id = r.client_id();
       c.iteration_id = r.iteration_id();
       c.consumer_index = r.consumer_index();
+      c.host_id = r.host_id();
       c.last_heartbeat = clock_();
       if (!clients_.emplace(c.id, c).second) {
         return absl::AlreadyExistsError(absl::StrCat("iteration client ", c.id, " exists"));
@@ -667,7 +706,7 @@ std::string DispatcherImpl::DurableStateString() {
   for (const auto& [id, d] : datasets_) absl::StrAppend(&out, "dataset ", id, " ", d.fingerprint, "\n");
   for (const auto& [id, j] : jobs_) {
     absl::StrAppend(&out, "job ", id, " ", j.dataset_id, " mode=", j.mode, " name=", j.name,
-                    " consumers=", j.num_consumers, " reps=");
+                    " consumers=", j.num_consumers, " target=", j.target_workers, " reps=");
     for (const auto& [rep, it] : j.iteration_by_repetition) absl::StrAppend(&out, rep, ":", it, ",");
     absl::StrAppend(&out, "\n");
   }
@@ -693,19 +732,21 @@ std::string DispatcherImpl::DurableStateString() {
   }
   for (const auto& [id, t] : tasks_) {
     absl::StrAppend(&out, "task ", id, " it=", t.iteration_id, " worker=", t.worker,
+                    " host=", t.host_id,
                     " completed=", t.completed, " lost=", t.lost, " delivered=", t.delivered,
                     " held=", absl::StrJoin(t.held_splits, ","), " shard=", t.shard,
                     " start=", t.starting_round, " pending=", t.pending, "\n");
   }
   for (const auto& [addr, w] : workers_) {
     absl::StrAppend(&out, "worker ", addr, " ", w.transfer_address, " ", w.protocol,
+                    " host=", w.host_id,
                     " index=", w.index, " tasks=", absl::StrJoin(w.tasks, ","), " undelivered=");
     for (const auto& d : w.pending_new) absl::StrAppend(&out, d.task_id(), ",");
     absl::StrAppend(&out, "\n");
   }
   for (const auto& [id, c] : clients_) {
     absl::StrAppend(&out, "client ", id, " it=", c.iteration_id, " consumer=", c.consumer_index,
-                    " at_end=", c.at_end, "\n");
+                    " host=", c.host_id, " at_end=", c.at_end, "\n");
   }
   absl::StrAppend(&out, "shard_claims=", absl::StrJoin(shard_claims_, ","), "\n");
   return out;
@@ -735,6 +776,7 @@ absl::Status DispatcherImpl::CreateTaskLocked(const proto::CreateTaskUpdate& u) 
   t.id = u.task_id();
   t.iteration_id = it.id;
   t.worker = w.address;
+  t.host_id = w.host_id;
   proto::TaskDef def;
   def.set_task_id(t.id);
   def.set_iteration_id(it.id);
@@ -776,6 +818,15 @@ bool DispatcherImpl::NeedsTaskLocked(const Iteration& it, int64_t worker_index) 
     if (t.shard == worker_index && !t.lost) return false;
   }
   return true;
+}
+
+bool DispatcherImpl::ReadsHostLocked(const Iteration& it, const std::string& host) {
+  if (jobs_.at(it.job_id).target_workers != proto::TARGET_WORKERS_LOCAL) return true;
+  for (int64_t id : it.clients) {
+    auto c = clients_.find(id);
+    if (c != clients_.end() && c->second.host_id == host) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<int64_t> DispatcherImpl::FindShardLocked(const std::string& address) {
@@ -860,7 +911,8 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   // (A known worker's heartbeat without addresses leaves them as they are.)
   auto moved = [&](const Worker& w) {
     return (!req.transfer_address().empty() && w.transfer_address != transfer_address) ||
-           (!req.transfer_protocol().empty() && w.protocol != protocol);
+           (!req.transfer_protocol().empty() && w.protocol != protocol) ||
+           (!req.host_id().empty() && w.host_id != req.host_id());
   };
   bool check;
   {
@@ -894,6 +946,7 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
     r->set_transfer_address(transfer_address);
     r->set_transfer_protocol(protocol);
     r->set_index(wit->second.index);
+    r->set_host_id(req.host_id().empty() ? wit->second.host_id : req.host_id());
     SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
     spdlog::info("dispatcher: worker {} is back with transfer {} over {}", addr, transfer_address,
                  protocol);
@@ -909,16 +962,20 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
     r->set_transfer_address(transfer_address);
     r->set_transfer_protocol(protocol);
     r->set_index(index);
-    // A worker that joins mid-job gets a task for every running iteration.
+    r->set_host_id(req.host_id());
+    // A worker that joins mid-job gets a task for every running iteration
+    // that reads its host.
     for (auto& [id, it] : iterations_) {
-      if (AcceptsTasksLocked(it) && NeedsTaskLocked(it, index)) {
+      if (AcceptsTasksLocked(it) && ReadsHostLocked(it, req.host_id()) &&
+          NeedsTaskLocked(it, index)) {
         AddCreateTaskLocked(rec, id, jobs_.at(it.job_id).num_consumers > 0 && it.started, addr);
       }
     }
     SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
     wit = workers_.find(addr);
-    spdlog::info("dispatcher: worker {} registered as worker {} (transfer {} over {})", addr,
-                 wit->second.index, wit->second.transfer_address, wit->second.protocol);
+    spdlog::info("dispatcher: worker {} on host {} registered as worker {} (transfer {} over {})",
+                 addr, wit->second.host_id, wit->second.index, wit->second.transfer_address,
+                 wit->second.protocol);
   }
   Worker& w = wit->second;
   w.last_heartbeat = clock_();
@@ -949,7 +1006,7 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   proto::JournalRecord again;
   for (int64_t iteration_id : lost_in) {
     Iteration& it = iterations_.at(iteration_id);
-    if (AcceptsTasksLocked(it) && NeedsTaskLocked(it, w.index)) {
+    if (AcceptsTasksLocked(it) && ReadsHostLocked(it, w.host_id) && NeedsTaskLocked(it, w.index)) {
       AddCreateTaskLocked(again, iteration_id, jobs_.at(it.job_id).num_consumers > 0, addr);
     }
   }
@@ -1107,6 +1164,24 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
     return absl::InvalidArgumentError(
         "coordinated reads (num_consumers) need a job_name shared by the consumers");
   }
+  if (!proto::TargetWorkers_IsValid(req.target_workers())) {
+    return absl::InvalidArgumentError("GetOrCreateJob: target_workers is unknown");
+  }
+  const bool local = req.target_workers() == proto::TARGET_WORKERS_LOCAL;
+  if (local && req.num_consumers() > 0) {
+    // As tf.data: each round is read from one worker, whichever host it is on.
+    return absl::InvalidArgumentError(
+        "coordinated reads (num_consumers) need non-local workers: every consumer reads every "
+        "round's worker; target_workers=LOCAL does not combine with them");
+  }
+  if (local && sharding) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_workers=LOCAL does not combine with static sharding (processing_mode=",
+        ProcessingModeName(req.processing_mode()),
+        "): an iteration ends only once every worker's shard was read, and a consumer reading "
+        "only its host's workers would never see that; use parallel_epochs or "
+        "distributed_epoch"));
+  }
   if (req.num_consumers() > 0 && req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
     return absl::InvalidArgumentError(
         "coordinated reads (num_consumers) do not combine with distributed_epoch: use "
@@ -1134,6 +1209,12 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
         return absl::InvalidArgumentError(absl::StrCat(
             "job '", job.name, "' exists with num_consumers=", job.num_consumers, "; requested ",
             req.num_consumers()));
+      }
+      if (job.target_workers != req.target_workers()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job '", job.name, "' exists with target_workers=",
+            TargetWorkersName(job.target_workers), "; requested ",
+            TargetWorkersName(req.target_workers()), " (a job's consumers all use the same)"));
       }
       resp->set_job_id(job.id);
       return absl::OkStatus();
@@ -1179,6 +1260,7 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
   job->set_processing_mode(req.processing_mode());
   job->set_job_name(req.job_name());
   job->set_num_consumers(req.num_consumers());
+  job->set_target_workers(req.target_workers());
   SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
   resp->set_job_id(job->job_id());
   return absl::OkStatus();
@@ -1202,6 +1284,21 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
                                                    job.num_consumers, ") for job '", job.name,
                                                    "'"));
   }
+  const bool local = job.target_workers == proto::TARGET_WORKERS_LOCAL;
+  if (local) {
+    // As tf.data, a consumer reading only local workers needs one.
+    std::set<std::string> hosts;
+    for (const auto& [addr, w] : workers_) hosts.insert(w.host_id);
+    if (req.host_id().empty() || !hosts.count(req.host_id())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target_workers=LOCAL reads only the workers on this consumer's host '",
+          absl::CHexEscape(req.host_id().substr(0, 256)),
+          "', but no worker is registered from it (workers' hosts: [",
+          absl::StrJoin(hosts, ", "),
+          "]); start a worker on this host, or set SLUICE_HOST_ID to name the same host in "
+          "both processes"));
+    }
+  }
   proto::JournalRecord rec;
   int64_t iteration_id;
   bool created = false;
@@ -1221,6 +1318,14 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
           "' is already reading iteration ", req.repetition(),
           "; every consumer needs its own index"));
     }
+    // LOCAL: the first consumer on this host brings tasks on its workers.
+    if (local && AcceptsTasksLocked(it) && !ReadsHostLocked(it, req.host_id())) {
+      for (const auto& [addr, w] : workers_) {
+        if (w.host_id == req.host_id() && NeedsTaskLocked(it, w.index)) {
+          AddCreateTaskLocked(rec, iteration_id, false, addr);
+        }
+      }
+    }
   } else {
     proto::CreateIterationUpdate* ci = rec.add_updates()->mutable_create_iteration();
     if (job.mode == proto::DISTRIBUTED_EPOCH) {
@@ -1230,13 +1335,16 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
     ci->set_iteration_id(iteration_id);
     ci->set_job_id(job.id);
     ci->set_repetition(req.repetition());
-    for (const auto& [addr, w] : workers_) AddCreateTaskLocked(rec, iteration_id, false, addr);
+    for (const auto& [addr, w] : workers_) {
+      if (!local || w.host_id == req.host_id()) AddCreateTaskLocked(rec, iteration_id, false, addr);
+    }
     created = true;
   }
   proto::CreateClientUpdate* c = rec.add_updates()->mutable_create_client();
   c->set_client_id(next_id_++);
   c->set_iteration_id(iteration_id);
   c->set_consumer_index(job.num_consumers > 0 ? req.consumer_index() : -1);
+  c->set_host_id(req.host_id());
   SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
   // Tasks created from now on join a running iteration.
   if (created) iterations_.at(iteration_id).started = true;
@@ -1289,9 +1397,13 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
     rec.add_updates()->mutable_client_at_end()->set_client_id(cit->first);
     SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
   }
+  auto job = jobs_.find(it.job_id);
+  const bool local = job != jobs_.end() && job->second.target_workers == proto::TARGET_WORKERS_LOCAL;
+  const std::string host = cit != clients_.end() ? cit->second.host_id : std::string();
   for (int64_t id : it.tasks) {
     const Task& t = tasks_.at(id);
     if (t.pending) continue;
+    if (local && t.host_id != host) continue;  // another consumer host's workers
     proto::TaskInfo* info = resp->add_tasks();
     info->set_task_id(id);
     info->set_starting_round(t.starting_round);
@@ -1709,6 +1821,7 @@ absl::Status DispatcherImpl::GetWorkers(const proto::GetWorkersRequest& req,
     info->set_transfer_address(w.transfer_address);
     info->set_transfer_protocol(w.protocol);
     info->set_num_tasks(static_cast<int64_t>(w.tasks.size()));
+    info->set_host_id(w.host_id);
   }
   return absl::OkStatus();
 }

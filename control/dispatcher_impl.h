@@ -219,6 +219,7 @@ class DispatcherImpl {
     proto::ProcessingMode mode = proto::PROCESSING_MODE_UNSPECIFIED;
     std::string name;
     int64_t num_consumers = 0;
+    proto::TargetWorkers target_workers = proto::TARGET_WORKERS_AUTO;
     std::map<int64_t, int64_t> iteration_by_repetition;
     // distributed_epoch: the split source and whether elements are tagged.
     proto::DatasetNode split_source;
@@ -270,6 +271,7 @@ class DispatcherImpl {
     int64_t id = 0;
     int64_t iteration_id = 0;
     std::string worker;
+    std::string host_id;  // its worker's host
     bool completed = false;
     bool lost = false;
     bool delivered = false;  // the worker received it in a heartbeat reply
@@ -280,6 +282,7 @@ class DispatcherImpl {
   };
   struct Worker {
     std::string address, transfer_address, protocol;
+    std::string host_id;
     int64_t index = 0;
     absl::Time last_heartbeat;
     std::set<int64_t> tasks;
@@ -290,6 +293,7 @@ class DispatcherImpl {
     int64_t id = 0;
     int64_t iteration_id = 0;
     int64_t consumer_index = -1;  // coordinated reads
+    std::string host_id;
     bool at_end = false;          // read the iteration to its end (journaled)
     absl::Time last_heartbeat;
   };
@@ -328,6 +332,10 @@ class DispatcherImpl {
   // always, except under static sharding once another task completed or is
   // reading that worker's shard.
   bool NeedsTaskLocked(const Iteration& it, int64_t worker_index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `it` reads workers on `host`: always, except under
+  // TARGET_WORKERS_LOCAL, where it reads the hosts of its clients only.
+  bool ReadsHostLocked(const Iteration& it, const std::string& host)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker_addresses entry (shard index) a registering worker takes.
   absl::StatusOr<int64_t> FindShardLocked(const std::string& address)
@@ -388,6 +396,13 @@ class DispatcherImpl {
 // distributed_epoch (alias dynamic), file, data, file_or_data, hint.
 absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name);
 std::string ProcessingModeName(proto::ProcessingMode mode);
+// target_workers names <-> enum, case-insensitive as tf.data's: "AUTO"
+// (also ""), "ANY", "LOCAL".
+absl::StatusOr<proto::TargetWorkers> ParseTargetWorkers(const std::string& name);
+std::string TargetWorkersName(proto::TargetWorkers target);
+// This process's host id (TargetWorkers): $SLUICE_HOST_ID when set and not
+// empty, else gethostname().
+std::string LocalHostId();
 // The static sharding policy of a mode; nullopt for the epoch modes.
 std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode);
 

@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
                  "serve Prometheus metrics at http://BIND_ADDRESS:PORT/metrics; 0 picks a free "
                  "port, -1 (default) is off")
       ->capture_default_str();
+  app.add_option("--host_id", c.host_id,
+                 "the host clients with target_workers LOCAL match (default: $SLUICE_HOST_ID, "
+                 "else the hostname; on Kubernetes, the node name)");
   app.add_option("--port_file", port_file, "write the chosen port to this file once serving");
   std::string log_format;
   app.add_option("--log_format", log_format,

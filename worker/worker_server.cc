@@ -200,6 +200,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     req.set_worker_address(address);
     req.set_transfer_address(transfer_address);
     req.set_transfer_protocol(transfer_protocol);
+    req.set_host_id(config.host_id.empty() ? internal::LocalHostId() : config.host_id);
     req.set_wait_ms(absl::ToInt64Milliseconds(wait));
     grpc::ClientContext ctx;
     internal::SetTimeout(&ctx, deadline);

@@ -55,6 +55,10 @@ struct WorkerConfig {
   // Shared secret: sent to the dispatcher, and required from clients on
   // both data paths (gRPC metadata, UCX request header). Empty: none.
   std::string auth_token;
+  // The host this worker reports to the dispatcher, which lets clients
+  // with target_workers "LOCAL" on the same host read it. Empty:
+  // $SLUICE_HOST_ID, else gethostname().
+  std::string host_id;
   // Largest gRPC request the worker's server accepts.
   int64_t max_request_bytes = kDefaultWorkerMaxRequestBytes;
 };

@@ -120,6 +120,47 @@ class DispatcherImplTest : public ::testing::Test {
     return resp;
   }
 
+  // target_workers: a worker registering from `host`, a job reading
+  // `target`, and a consumer's iteration from `host`.
+  absl::Status WorkerOn(const std::string& address, const std::string& host) {
+    proto::WorkerHeartbeatRequest req;
+    req.set_worker_address(address);
+    req.set_host_id(host);
+    proto::WorkerHeartbeatResponse resp;
+    return d_->WorkerHeartbeat(req, &resp);
+  }
+  absl::StatusOr<int64_t> TargetJob(const std::string& dataset_id, const std::string& name,
+                                    proto::TargetWorkers target, int64_t num_consumers = 0) {
+    proto::GetOrCreateJobRequest req;
+    req.set_dataset_id(dataset_id);
+    req.set_processing_mode(proto::PARALLEL_EPOCHS);
+    req.set_job_name(name);
+    req.set_target_workers(target);
+    req.set_num_consumers(num_consumers);
+    proto::GetOrCreateJobResponse resp;
+    SLUICE_RETURN_IF_ERROR(d_->GetOrCreateJob(req, &resp));
+    return resp.job_id();
+  }
+  absl::StatusOr<proto::GetOrCreateIterationResponse> IterationOn(int64_t job_id,
+                                                                  const std::string& host) {
+    proto::GetOrCreateIterationRequest req;
+    req.set_job_id(job_id);
+    req.set_host_id(host);
+    proto::GetOrCreateIterationResponse resp;
+    SLUICE_RETURN_IF_ERROR(d_->GetOrCreateIteration(req, &resp));
+    return resp;
+  }
+  // The workers whose tasks a client heartbeat lists.
+  std::set<std::string> ListedWorkers(int64_t client_id) {
+    std::set<std::string> out;
+    auto hb = ClientHb(client_id);
+    EXPECT_OK(hb.status());
+    if (hb.ok()) {
+      for (const auto& t : hb->tasks()) out.insert(t.worker_address());
+    }
+    return out;
+  }
+
   // With `at_end_version`: the client read to the end at that version.
   absl::StatusOr<proto::ClientHeartbeatResponse> ClientHb(
       int64_t client_id, std::optional<int64_t> at_end_version = std::nullopt) {
@@ -245,6 +286,33 @@ TEST(ProcessingModeTest, RejectsUnknownNames) {
                 "unknown processing_mode");
   EXPECT_STATUS(ParseProcessingMode("Parallel_Epochs"), absl::StatusCode::kInvalidArgument,
                 "unknown processing_mode");
+}
+
+TEST(TargetWorkersTest, ParsesTfDataNamesInAnyCase) {
+  const std::pair<const char*, proto::TargetWorkers> known[] = {
+      {"", proto::TARGET_WORKERS_AUTO},
+      {"AUTO", proto::TARGET_WORKERS_AUTO},
+      {"any", proto::TARGET_WORKERS_ANY},
+      {"Local", proto::TARGET_WORKERS_LOCAL}};
+  for (const auto& [name, target] : known) {
+    ASSERT_OK_AND_ASSIGN(proto::TargetWorkers parsed, ParseTargetWorkers(name));
+    EXPECT_EQ(parsed, target) << name;
+  }
+  EXPECT_STATUS(ParseTargetWorkers("remote"), absl::StatusCode::kInvalidArgument,
+                "unknown target_workers 'remote'; expected AUTO, ANY or LOCAL");
+  EXPECT_EQ(TargetWorkersName(proto::TARGET_WORKERS_LOCAL), "LOCAL");
+}
+
+TEST(TargetWorkersTest, HostIdIsSluiceHostIdElseTheHostname) {
+  const char* saved = std::getenv("SLUICE_HOST_ID");
+  const std::string old = saved != nullptr ? saved : "";
+  ASSERT_EQ(setenv("SLUICE_HOST_ID", "node-17", 1), 0);
+  EXPECT_EQ(LocalHostId(), "node-17");
+  ASSERT_EQ(unsetenv("SLUICE_HOST_ID"), 0);
+  char name[256] = {};
+  ASSERT_EQ(gethostname(name, sizeof(name) - 1), 0);
+  EXPECT_EQ(LocalHostId(), name);
+  if (saved != nullptr) setenv("SLUICE_HOST_ID", old.c_str(), 1);
 }
 
 TEST(StatusProtoTest, RoundTrips) {
@@ -560,6 +628,71 @@ TEST_F(DispatcherImplTest, WorkerJoiningMidJobGetsTasksForRunningIterationsOnly)
   ASSERT_OK_AND_ASSIGN(auto fhb2, ClientHb(finished_it.iteration_client_id()));
   EXPECT_EQ(fhb2.tasks_size(), 1);
   EXPECT_TRUE(fhb2.iteration_finished());
+}
+
+// tf.data's target_workers="LOCAL": a consumer reads only the workers on
+// its host, and the job's tasks run only on its consumers' hosts.
+TEST_F(DispatcherImplTest, LocalTargetWorkersReadOnlyTheConsumersHost) {
+  ASSERT_OK(WorkerOn(kW1, "host-a"));
+  ASSERT_OK(WorkerOn(kW2, "host-b"));
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, TargetJob(ds, "shared", proto::TARGET_WORKERS_LOCAL));
+  ASSERT_OK_AND_ASSIGN(auto on_a, IterationOn(job, "host-a"));
+  EXPECT_EQ(d_->GetStats().live_tasks, 1);
+  EXPECT_EQ(ListedWorkers(on_a.iteration_client_id()), std::set<std::string>{kW1});
+  ASSERT_OK_AND_ASSIGN(auto hb2, WorkerHb(kW2));
+  EXPECT_THAT(TaskIds(hb2), IsEmpty());
+
+  // The job's first consumer on host b brings a task on b's worker; each
+  // consumer still lists only its own host's.
+  ASSERT_OK_AND_ASSIGN(auto on_b, IterationOn(job, "host-b"));
+  EXPECT_EQ(on_b.iteration_id(), on_a.iteration_id());
+  EXPECT_EQ(d_->GetStats().live_tasks, 2);
+  EXPECT_EQ(ListedWorkers(on_b.iteration_client_id()), std::set<std::string>{kW2});
+  EXPECT_EQ(ListedWorkers(on_a.iteration_client_id()), std::set<std::string>{kW1});
+  ASSERT_OK_AND_ASSIGN(hb2, WorkerHb(kW2));
+  EXPECT_EQ(hb2.new_tasks_size(), 1);
+
+  // Late joiners: a worker on a consumer's host gets a task, one elsewhere
+  // does not.
+  ASSERT_OK(WorkerOn(kW3, "host-a"));
+  ASSERT_OK(WorkerOn("127.0.0.1:7004", "host-c"));
+  EXPECT_EQ(ListedWorkers(on_a.iteration_client_id()), (std::set<std::string>{kW1, kW3}));
+  EXPECT_EQ(d_->GetStats().live_tasks, 3);
+  const proto::GetWorkersResponse workers = Workers();
+  for (const auto& w : workers.workers()) {
+    EXPECT_EQ(w.num_tasks(), w.address() == "127.0.0.1:7004" ? 0 : 1) << w.address();
+    EXPECT_EQ(w.host_id(), w.address() == kW2 ? "host-b"
+                           : w.address() == "127.0.0.1:7004" ? "host-c" : "host-a");
+  }
+
+  // A consumer on a host without a worker is told so, naming the hosts.
+  auto nowhere = IterationOn(job, "host-z");
+  EXPECT_STATUS(nowhere, absl::StatusCode::kInvalidArgument,
+                "target_workers=LOCAL reads only the workers on this consumer's host 'host-z', "
+                "but no worker is registered from it (workers' hosts: [host-a, host-b, host-c])");
+
+  // AUTO and ANY read every worker, wherever the consumer is.
+  for (proto::TargetWorkers any : {proto::TARGET_WORKERS_AUTO, proto::TARGET_WORKERS_ANY}) {
+    ASSERT_OK_AND_ASSIGN(int64_t all, TargetJob(ds, "", any));
+    ASSERT_OK_AND_ASSIGN(auto it, IterationOn(all, "host-z"));
+    EXPECT_EQ(ListedWorkers(it.iteration_client_id()).size(), 4u);
+  }
+}
+
+TEST_F(DispatcherImplTest, LocalTargetWorkersIsAJobParameter) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK(TargetJob(ds, "j", proto::TARGET_WORKERS_LOCAL).status());
+  // A job's consumers all use the same value (tf.data's check).
+  EXPECT_STATUS(TargetJob(ds, "j", proto::TARGET_WORKERS_AUTO),
+                absl::StatusCode::kInvalidArgument,
+                "job 'j' exists with target_workers=LOCAL; requested AUTO");
+  EXPECT_STATUS(TargetJob(ds, "k", static_cast<proto::TargetWorkers>(7)),
+                absl::StatusCode::kInvalidArgument, "target_workers is unknown");
+  ASSERT_OK_AND_ASSIGN(std::string forever, Register(Dataset::Range(5).Repeat().def()));
+  EXPECT_STATUS(TargetJob(forever, "c", proto::TARGET_WORKERS_LOCAL, 2),
+                absl::StatusCode::kInvalidArgument, "coordinated reads (num_consumers) need non-local");
+  ASSERT_OK(TargetJob(forever, "c", proto::TARGET_WORKERS_ANY, 2).status());
 }
 
 TEST_F(DispatcherImplTest, IterationCreatedBeforeAnyWorkerWaitsForOne) {
@@ -1786,6 +1919,21 @@ TEST_F(JournalTest, AnExplicitDatasetIdSurvivesARestart) {
                 "different definition");
   Restart();  // compacted: the snapshot keeps it too
   ASSERT_OK(Job("eval").status());
+}
+
+TEST_F(JournalTest, HostsAndLocalJobsSurviveARestart) {
+  ASSERT_OK(WorkerOn(kW1, "host-a"));
+  ASSERT_OK(WorkerOn(kW2, "host-b"));
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, TargetJob(ds, "local", proto::TARGET_WORKERS_LOCAL));
+  ASSERT_OK_AND_ASSIGN(auto on_a, IterationOn(job, "host-a"));
+  Restart();
+  EXPECT_EQ(ListedWorkers(on_a.iteration_client_id()), std::set<std::string>{kW1});
+  EXPECT_STATUS(TargetJob(ds, "local", proto::TARGET_WORKERS_ANY),
+                absl::StatusCode::kInvalidArgument, "exists with target_workers=LOCAL");
+  Restart();  // compacted
+  ASSERT_OK(WorkerOn(kW3, "host-a"));
+  EXPECT_EQ(ListedWorkers(on_a.iteration_client_id()), (std::set<std::string>{kW1, kW3}));
 }
 
 TEST_F(JournalTest, ReplayRebuildsDatasetsJobsIterationsTasksAndClients) {

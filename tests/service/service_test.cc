@@ -8,6 +8,7 @@
 #include <future>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -27,6 +28,7 @@ namespace {
 
 using ::sluice_test::Collect;
 using ::sluice_test::CollectScalars;
+using ::testing::ElementsAreArray;
 using ::testing::UnorderedElementsAreArray;
 using expr::x;
 
@@ -114,10 +116,12 @@ class ServiceTest : public ::testing::TestWithParam<std::string> {
     ASSERT_OK(d);
     dispatcher_ = *std::move(d);
   }
-  void StartWorkers(int n) {
+  // host_id: the host the workers report (empty: this host's id).
+  void StartWorkers(int n, const std::string& host_id = "") {
     for (int i = 0; i < n; ++i) {
       WorkerConfig wc;
       wc.dispatcher_address = dispatcher_->address();
+      wc.host_id = host_id;
       wc.heartbeat_interval_ms = 200;
       wc.data_transfer_protocol = GetParam();
       wc.cpu_list = worker_cpu_list_;
@@ -338,6 +342,63 @@ TEST_P(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
   auto counts = Counts(got);
   ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
   for (const auto& [v, n] : counts) ASSERT_EQ(n, 2) << "value " << v;
+}
+
+// tf.data's target_workers (its local_workers_test): "LOCAL" reads only
+// the workers on the consumer's host; "AUTO" and "ANY" read every worker.
+TEST_P(ServiceTest, TargetWorkersLocalReadsOnlyTheWorkersOnThisHost) {
+  StartDispatcher();
+  StartWorkers(1);                  // on this host
+  StartWorkers(2, "another-host");  // elsewhere, as far as the dispatcher knows
+  DistributeOptions local = Options();
+  local.target_workers = "LOCAL";
+  std::vector<int64_t> range10(10);
+  std::iota(range10.begin(), range10.end(), 0);
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+    return CollectScalars<int64_t>(Dataset::Range(10).Distribute(local));
+  }));
+  EXPECT_THAT(v, ElementsAreArray(range10));  // one worker's, in its order
+  EXPECT_EQ(workers_[1]->num_tasks() + workers_[2]->num_tasks(), 0);
+  for (const char* any : {"AUTO", "any"}) {
+    DistributeOptions o = Options();
+    o.target_workers = any;
+    ASSERT_OK_AND_ASSIGN(auto all, WithHangGuard([&] {
+      return CollectScalars<int64_t>(Dataset::Range(10).Distribute(o));
+    }));
+    EXPECT_EQ(all.size(), 30u) << any;
+  }
+  // distributed_epoch: every element once, all from this host's worker
+  // (no remote task takes a split that no consumer would read).
+  local.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto once, WithHangGuard([&] {
+    return CollectScalars<int64_t>(Dataset::Range(100).Distribute(local));
+  }));
+  std::sort(once.begin(), once.end());
+  std::vector<int64_t> range100(100);
+  std::iota(range100.begin(), range100.end(), 0);
+  EXPECT_THAT(once, ElementsAreArray(range100));
+  // A job's consumers all use the same target_workers.
+  local.processing_mode = "parallel_epochs";
+  local.job_name = "local-job";
+  ASSERT_OK_AND_ASSIGN(auto first, Dataset::Range(10).Distribute(local).MakeIterator());
+  DistributeOptions other = local;
+  other.target_workers = "ANY";
+  EXPECT_STATUS(Dataset::Range(10).Distribute(other).MakeIterator(),
+                absl::StatusCode::kInvalidArgument,
+                "job 'local-job' exists with target_workers=LOCAL; requested ANY");
+  other.target_workers = "nearby";
+  EXPECT_STATUS(Dataset::Range(10).Distribute(other).MakeIterator(),
+                absl::StatusCode::kInvalidArgument, "unknown target_workers 'nearby'");
+}
+
+TEST_P(ServiceTest, TargetWorkersLocalWithoutAWorkerOnThisHostIsInvalidArgument) {
+  StartDispatcher();
+  StartWorkers(1, "another-host");
+  DistributeOptions local = Options();
+  local.target_workers = "LOCAL";
+  EXPECT_STATUS(Dataset::Range(10).Distribute(local).MakeIterator(),
+                absl::StatusCode::kInvalidArgument,
+                "but no worker is registered from it (workers' hosts: [another-host])");
 }
 
 TEST_P(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
