@@ -241,11 +241,28 @@ absl::StatusOr<Dataset> Dataset::Deserialize(const std::string& bytes) {
 Dataset Dataset::Map(const Function& fn) const {
   SLUICE_UNARY_OP_(map, *op->mutable_fn() = fn.proto());
 }
+// num_parallel_calls = 1 is left unset, so sequential pipelines keep their
+// definitions (and fingerprints); 0, which a definition reads as unset, is
+// refused here (as tf.data does).
+static Dataset ParallelCallsError(const char* op) {
+  return ErrorDataset(absl::InvalidArgumentError(absl::StrCat(
+      op, ": num_parallel_calls must be in [1, ", internal::kMaxParallelCalls,
+      "] or kAutotune; got 0")));
+}
+Dataset Dataset::Map(const Function& fn, int64_t num_parallel_calls, bool deterministic) const {
+  if (num_parallel_calls == 0) return ParallelCallsError("Map");
+  SLUICE_UNARY_OP_(map, *op->mutable_fn() = fn.proto();
+                   if (num_parallel_calls != 1) op->set_num_parallel_calls(num_parallel_calls);
+                   op->set_nondeterministic(!deterministic));
+}
 Dataset Dataset::Filter(const Function& predicate) const {
   SLUICE_UNARY_OP_(filter, *op->mutable_predicate() = predicate.proto());
 }
-Dataset Dataset::Batch(int64_t batch_size, bool drop_remainder) const {
-  SLUICE_UNARY_OP_(batch, op->set_batch_size(batch_size); op->set_drop_remainder(drop_remainder));
+Dataset Dataset::Batch(int64_t batch_size, bool drop_remainder,
+                       int64_t num_parallel_calls) const {
+  if (num_parallel_calls == 0) return ParallelCallsError("Batch");
+  SLUICE_UNARY_OP_(batch, op->set_batch_size(batch_size); op->set_drop_remainder(drop_remainder);
+                   if (num_parallel_calls != 1) op->set_num_parallel_calls(num_parallel_calls));
 }
 Dataset Dataset::Unbatch() const { SLUICE_UNARY_OP_(unbatch, (void)op); }
 Dataset Dataset::Shuffle(int64_t buffer_size, std::optional<uint64_t> seed,
@@ -269,8 +286,10 @@ Dataset Dataset::Enumerate(int64_t start) const {
 #undef SLUICE_UNARY_OP_
 
 Dataset Dataset::Interleave(const std::function<Dataset(const Dataset&)>& fn,
-                            int64_t cycle_length, int64_t block_length) const {
+                            int64_t cycle_length, int64_t block_length,
+                            int64_t num_parallel_calls) const {
   if (!status().ok()) return ErrorDataset(status());
+  if (num_parallel_calls == 0) return ParallelCallsError("Interleave");
   // The function sees a Placeholder source standing for one input element.
   auto ph_def = std::make_shared<proto::DatasetDef>();
   ph_def->set_version(1);
@@ -292,6 +311,7 @@ Dataset Dataset::Interleave(const std::function<Dataset(const Dataset&)>& fn,
   *op->mutable_fn() = RootOf(per_element);
   op->set_cycle_length(cycle_length);
   op->set_block_length(block_length);
+  if (num_parallel_calls != 1) op->set_num_parallel_calls(num_parallel_calls);
   return Finish(std::move(n), {this}, per_element.rep()->analysis);
 }
 

@@ -46,6 +46,10 @@ class Iterator {
   virtual absl::StatusOr<std::optional<Element>> Next() = 0;
 };
 
+// num_parallel_calls or Prefetch's buffer_size chosen by sluice, as
+// tf.data's AUTOTUNE (docs/datasets.md, "Parallelism").
+inline constexpr int64_t kAutotune = -1;
+
 inline constexpr int64_t kInfiniteCardinality = -1;
 inline constexpr int64_t kUnknownCardinality = -2;
 
@@ -83,11 +87,20 @@ class Dataset {
 
   // ---- transforms ----
   Dataset Map(const Function& fn) const;
+  // Up to num_parallel_calls calls of `fn` at once on the process-wide
+  // thread pool (kAutotune: sized from the pool and the measured cost of a
+  // call). deterministic keeps the input's order; false yields results as
+  // they complete. Either way an error ends the iterator at the element
+  // that failed (in its position when deterministic), and nothing after
+  // it is delivered. `fn` may run on several threads at once.
+  Dataset Map(const Function& fn, int64_t num_parallel_calls, bool deterministic = true) const;
   // `predicate` must yield one bool scalar.
   Dataset Filter(const Function& predicate) const;
   // Stacks `batch_size` elements along a new leading dimension; component
-  // shapes within a batch must match.
-  Dataset Batch(int64_t batch_size, bool drop_remainder = false) const;
+  // shapes within a batch must match. num_parallel_calls > 1 (or
+  // kAutotune) copies large batches into place on several pool threads.
+  Dataset Batch(int64_t batch_size, bool drop_remainder = false,
+                int64_t num_parallel_calls = 1) const;
   // Splits each component along dimension 0 (all components must agree).
   Dataset Unbatch() const;
   // Uniform shuffle through a buffer. Without a seed the order is random;
@@ -107,13 +120,17 @@ class Dataset {
   // kShardHint) marks where Distribute's processing_mode "hint" shards the
   // pipeline (worker i of N reads shard i); it cannot run anywhere else.
   Dataset Shard(int64_t num_shards, int64_t index) const;
-  // Produces up to buffer_size elements ahead on a background thread.
+  // Produces up to buffer_size elements ahead on a background thread
+  // (kAutotune: as many as the pool has threads, at least 2, and at most
+  // 64 MiB of them beyond the first).
   Dataset Prefetch(int64_t buffer_size) const;
   // Applies `fn` to a one-element dataset per input element (for example a
   // file name) and interleaves up to cycle_length of the resulting datasets,
-  // block_length elements at a time, deterministically.
+  // block_length elements at a time, deterministically. num_parallel_calls
+  // > 1 (or kAutotune) reads up to that many of the open datasets ahead at
+  // once on the pool, block_length elements each; the order is the same.
   Dataset Interleave(const std::function<Dataset(const Dataset&)>& fn, int64_t cycle_length,
-                     int64_t block_length = 1) const;
+                     int64_t block_length = 1, int64_t num_parallel_calls = 1) const;
   // Prepends an int64 scalar counter component.
   Dataset Enumerate(int64_t start = 0) const;
 

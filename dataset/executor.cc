@@ -86,12 +86,15 @@ absl::Status CollectSources(const proto::DatasetNode& n, bool tracked,
     out->push_back({&n, tracked});
     return absl::OkStatus();
   }
-  if (op == nullptr || op->split_passing == SplitPassing::kNone) {
+  const SplitPassing passing = op == nullptr ? SplitPassing::kNone
+                               : op->split_passing_of != nullptr ? op->split_passing_of(n)
+                                                                 : op->split_passing;
+  if (passing == SplitPassing::kNone) {
     return absl::InvalidArgumentError(
         "distributed_epoch: the pipeline has a node that cannot be split (a Placeholder outside "
         "Interleave, a nested Distribute or an empty node)");
   }
-  const bool keeps = op->split_passing == SplitPassing::kTracked;
+  const bool keeps = passing == SplitPassing::kTracked;
   for (const proto::DatasetNode* in : InputsOf(n)) {
     SLUICE_RETURN_IF_ERROR(CollectSources(*in, tracked && keeps, out));
   }

@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
                  "placement of task threads and UCX buffers: auto, none or a node number")
       ->capture_default_str();
   app.add_option("--cpu_list", c.cpu_list, "pin task threads to these cpus, e.g. 0-3,8");
+  app.add_option("--worker_threads", c.worker_threads,
+                 "threads for parallel pipeline work (num_parallel_calls, kAutotune); 0: one per "
+                 "cpu of the worker's placement")
+      ->capture_default_str();
   app.add_option("--metrics_port", c.metrics_port,
                  "serve Prometheus metrics at http://BIND_ADDRESS:PORT/metrics; 0 picks a free "
                  "port, -1 (default) is off")

@@ -22,6 +22,7 @@
 #include "sluice/control/security_internal.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
+#include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/dataplane/ucx_server.h"
 #include "sluice/topology/topology.h"
@@ -306,6 +307,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     return absl::InvalidArgumentError(
         "heartbeat_interval_ms, dispatcher_timeout_ms and task_buffer_elements must be > 0");
   }
+  if (config.worker_threads < 0 || config.worker_threads > kMaxWorkerThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("worker_threads ", config.worker_threads,
+                                                   " is not in 0..", kMaxWorkerThreads,
+                                                   " (0: one per cpu of the placement)"));
+  }
   SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(config.auth_token, "worker"));
   if (config.max_request_bytes <= 0 || config.max_request_bytes > internal::kMaxGrpcMessageBytes) {
     return absl::InvalidArgumentError(absl::StrCat("worker max_request_bytes must be in 1..",
@@ -350,6 +356,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   } else {
     spdlog::warn("worker: no topology ({}); threads and buffers stay unbound",
                  std::string(hooks.status().message()));
+  }
+  // The process-wide pool of parallel pipeline work (Map/Interleave/Batch
+  // num_parallel_calls): one thread per cpu the worker is placed on, bound
+  // as its task threads are, unless --worker_threads says otherwise.
+  {
+    int threads = static_cast<int>(config.worker_threads);
+    if (threads <= 0) {
+      threads = hooks.ok() && !hooks->placement.cpus.empty()
+                    ? static_cast<int>(hooks->placement.cpus.size())
+                    : AvailableCpus();
+    }
+    ConfigureThreadPool(threads, impl->bind_thread);
+    spdlog::info("worker: {} pool thread(s) for parallel pipeline work", threads);
   }
   grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;

@@ -17,6 +17,8 @@
 
 namespace sluice {
 
+inline constexpr int64_t kMaxWorkerThreads = 4096;
+
 struct WorkerConfig {
   std::string dispatcher_address;
   // Address the worker advertises to the dispatcher and clients; empty:
@@ -36,6 +38,10 @@ struct WorkerConfig {
   int64_t dispatcher_timeout_ms = 10000;
   // UDF plugin libraries to load before serving.
   std::vector<std::string> plugins;
+  // Threads of the process-wide pool that runs parallel pipeline work
+  // (num_parallel_calls, kAutotune); 0: one per cpu the worker is placed on
+  // (its cpu_list or NUMA node), else per cpu the process may use.
+  int64_t worker_threads = 0;  // at most kMaxWorkerThreads
   // Elements buffered per task ahead of the clients (bounds memory; small
   // elements may run further ahead, up to 1 MiB of frames, for batching).
   int64_t task_buffer_elements = 16;

@@ -1,5 +1,6 @@
 // Batch(batch_size, drop_remainder): consecutive elements stacked along a
 // new leading dimension.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@ namespace {
 absl::Status Analyze(Analysis& a, const ElementSpec*) {
   const auto& b = a.node->batch();
   SLUICE_ASSIGN_OR_RETURN(const Analysis* in, FirstInput(a, "Batch"));
+  SLUICE_RETURN_IF_ERROR(CheckParallelCalls("Batch", b.num_parallel_calls()));
   if (b.batch_size() <= 0) {
     return Invalid("Batch", absl::StrCat("batch_size must be > 0; got ", b.batch_size()));
   }
@@ -30,8 +32,21 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
-// Stacks equal-shaped tensors along a new leading dimension.
-absl::StatusOr<Tensor> Stack(const std::vector<const Tensor*>& parts, size_t component) {
+// A parallel copy hands each pool thread at least this many bytes.
+constexpr size_t kMinParallelCopyBytes = size_t{1} << 20;
+
+// Copies parts[begin, end) into `out` at their offsets (parts are equal-sized).
+void CopyParts(const std::vector<const Tensor*>& parts, size_t begin, size_t end, uint8_t* out) {
+  for (size_t i = begin; i < end; ++i) {
+    const size_t n = parts[i]->byte_size();
+    if (n) std::memcpy(out + i * n, parts[i]->data(), n);
+  }
+}
+
+// Stacks equal-shaped tensors along a new leading dimension, copying on up
+// to `parallelism` threads (the caller's and the pool's) when large.
+absl::StatusOr<Tensor> Stack(const std::vector<const Tensor*>& parts, size_t component,
+                             int64_t parallelism) {
   const Tensor& first = *parts[0];
   std::vector<int64_t> dims = first.shape().dims();
   dims.insert(dims.begin(), static_cast<int64_t>(parts.size()));
@@ -52,17 +67,31 @@ absl::StatusOr<Tensor> Stack(const std::vector<const Tensor*>& parts, size_t com
     return MakeStringTensor(strs, TensorShape(std::move(dims)));
   }
   SLUICE_ASSIGN_OR_RETURN(Tensor out, Tensor::Allocate(first.dtype(), TensorShape(std::move(dims))));
-  size_t off = 0;
-  for (const Tensor* t : parts) {
-    if (t->byte_size()) std::memcpy(out.mutable_data() + off, t->data(), t->byte_size());
-    off += t->byte_size();
+  const size_t total = out.byte_size();
+  const size_t chunks = std::min<size_t>({static_cast<size_t>(std::max<int64_t>(1, parallelism)),
+                                          parts.size(),
+                                          std::max<size_t>(1, total / kMinParallelCopyBytes)});
+  uint8_t* dst = out.mutable_data();
+  std::vector<std::shared_ptr<PoolTask>> copies;
+  for (size_t c = 1; c < chunks; ++c) {
+    const size_t begin = parts.size() * c / chunks, end = parts.size() * (c + 1) / chunks;
+    copies.push_back(std::make_shared<PoolTask>([&parts, begin, end, dst] {
+      CopyParts(parts, begin, end, dst);
+    }));
+    Schedule(copies.back());
   }
+  CopyParts(parts, 0, parts.size() / chunks, dst);
+  for (auto& c : copies) c->Wait();  // runs here what no pool thread took
   return out;
 }
 
 class BatchIterator : public UnaryIterator {
  public:
-  using UnaryIterator::UnaryIterator;
+  BatchIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
+      : UnaryIterator(std::move(a), std::move(in)) {
+    const int64_t n = node().batch().num_parallel_calls();
+    parallelism_ = n == 0 ? 1 : ResolveParallelism(n);
+  }
   Result Next() override {
     const auto& b = node().batch();
     std::vector<Element> batch;
@@ -83,11 +112,14 @@ class BatchIterator : public UnaryIterator {
     for (size_t c = 0; c < batch[0].size(); ++c) {
       std::vector<const Tensor*> parts;
       for (const auto& e : batch) parts.push_back(&e[c]);
-      SLUICE_ASSIGN_OR_RETURN(Tensor t, Stack(parts, c));
+      SLUICE_ASSIGN_OR_RETURN(Tensor t, Stack(parts, c, parallelism_));
       out.push_back(std::move(t));
     }
     return Some(std::move(out));
   }
+
+ private:
+  int64_t parallelism_ = 1;
 };
 
 }  // namespace

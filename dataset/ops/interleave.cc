@@ -1,7 +1,11 @@
 // Interleave(fn, cycle_length, block_length): tf.data's deterministic
 // interleave of the datasets `fn` (a dataset over a Placeholder) builds per
 // input element.
+#include <deque>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "sluice/dataset/ops/op.h"
 
 namespace sluice::internal {
@@ -13,6 +17,7 @@ constexpr int64_t kMaxCycleLength = 1 << 16;
 absl::Status Analyze(Analysis& a, const ElementSpec*) {
   const auto& il = a.node->interleave();
   SLUICE_ASSIGN_OR_RETURN(const Analysis* in, FirstInput(a, "Interleave"));
+  SLUICE_RETURN_IF_ERROR(CheckParallelCalls("Interleave", il.num_parallel_calls()));
   if (il.cycle_length() <= 0 || il.block_length() <= 0) {
     return Invalid("Interleave", "cycle_length and block_length must be > 0");
   }
@@ -28,24 +33,25 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
 
 // cycle_length slots visited in turn, block_length elements from each; a
 // slot whose dataset ends is emptied and refilled from the next input
-// element when the cycle comes back to it.
-class InterleaveIterator : public NodeIterator {
+// element when the cycle comes back to it. Subclasses hold the slots.
+class CycleIterator : public NodeIterator {
  public:
-  InterleaveIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
-      : NodeIterator(std::move(a)), in_(std::move(in)), ctx_(ctx),
-        slots_(static_cast<size_t>(node().interleave().cycle_length())) {
+  CycleIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
+      : NodeIterator(std::move(a)),
+        cycle_length_(static_cast<size_t>(node().interleave().cycle_length())),
+        block_length_(node().interleave().block_length()), in_(std::move(in)), ctx_(ctx) {
     ctx_.splits = nullptr;  // per-element datasets read their own sources whole
   }
   Result Next() override {
     while (!in_done_ || open_ > 0) {
-      std::unique_ptr<Iterator>& slot = slots_[cycle_];
-      if (slot != nullptr) {
-        SLUICE_ASSIGN_OR_RETURN(auto e, slot->Next());
-        if (e) {
-          if (++block_ >= node().interleave().block_length()) Advance();
-          return e;
+      if (HasSlot(cycle_)) {
+        Result r = ReadSlot(cycle_);
+        if (!r.ok()) return r;
+        if (r->has_value()) {
+          if (++block_ >= block_length_) Advance();
+          return r;
         }
-        slot.reset();
+        CloseSlot(cycle_);
         --open_;
         Advance();
       } else if (!in_done_) {
@@ -57,7 +63,8 @@ class InterleaveIterator : public NodeIterator {
         IteratorContext ctx = ctx_;
         ctx.salt = Mix(ctx_.salt, opened_++);
         ctx.placeholder = &*e;
-        SLUICE_ASSIGN_OR_RETURN(slot, MakeNodeIterator(a_->sub, ctx));
+        SLUICE_ASSIGN_OR_RETURN(auto it, MakeNodeIterator(a_->sub, ctx));
+        OpenSlot(cycle_, std::move(it));
         ++open_;
       } else {
         Advance();
@@ -66,15 +73,25 @@ class InterleaveIterator : public NodeIterator {
     return End();
   }
 
+ protected:
+  virtual bool HasSlot(size_t k) const = 0;
+  // The slot's next element, its end, or an error.
+  virtual Result ReadSlot(size_t k) = 0;
+  virtual void OpenSlot(size_t k, std::unique_ptr<Iterator> it) = 0;
+  virtual void CloseSlot(size_t k) = 0;  // after ReadSlot returned its end
+
+  size_t cycle() const { return cycle_; }
+  const size_t cycle_length_;
+  const int64_t block_length_;
+
  private:
   void Advance() {
     block_ = 0;
-    cycle_ = (cycle_ + 1) % slots_.size();
+    cycle_ = (cycle_ + 1) % cycle_length_;
   }
 
   std::unique_ptr<Iterator> in_;
   IteratorContext ctx_;
-  std::vector<std::unique_ptr<Iterator>> slots_;
   size_t cycle_ = 0;
   int64_t block_ = 0;
   int64_t open_ = 0;
@@ -82,9 +99,141 @@ class InterleaveIterator : public NodeIterator {
   bool in_done_ = false;
 };
 
+class InterleaveIterator : public CycleIterator {
+ public:
+  InterleaveIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
+      : CycleIterator(std::move(a), std::move(in), ctx), slots_(cycle_length_) {}
+
+ private:
+  bool HasSlot(size_t k) const override { return slots_[k] != nullptr; }
+  Result ReadSlot(size_t k) override { return slots_[k]->Next(); }
+  void OpenSlot(size_t k, std::unique_ptr<Iterator> it) override { slots_[k] = std::move(it); }
+  void CloseSlot(size_t k) override { slots_[k].reset(); }
+
+  std::vector<std::unique_ptr<Iterator>> slots_;
+};
+
+// The same order, with up to `parallelism` slots read ahead at once on the
+// pool, block_length elements each. The consumer's thread pulls the input
+// and opens slots; a slot's dataset is read by one fill at a time (or, when
+// no fill is in flight, not at all). Memory: at most cycle_length x
+// block_length elements buffered. The destructor cancels fills not yet
+// started and waits for running ones.
+class ParallelInterleaveIterator : public CycleIterator {
+ public:
+  ParallelInterleaveIterator(AnalysisPtr a, std::unique_ptr<Iterator> in,
+                             const IteratorContext& ctx)
+      : CycleIterator(std::move(a), std::move(in), ctx), st_(std::make_shared<Shared>()),
+        slots_(cycle_length_) {
+    parallelism_ = std::min(ResolveParallelism(node().interleave().num_parallel_calls()),
+                            node().interleave().cycle_length());
+  }
+  ~ParallelInterleaveIterator() override {
+    st_->cancelled.store(true);
+    for (auto& slot : slots_) {
+      if (slot != nullptr && slot->fill != nullptr) slot->fill->Wait();
+    }
+  }
+
+ private:
+  struct Shared {
+    std::atomic<bool> cancelled{false};
+    absl::Mutex mu;  // guards every Slot's buf and ended
+  };
+  struct Slot {
+    std::unique_ptr<Iterator> it;     // read only by this slot's fill
+    std::deque<Result> buf;           // under Shared::mu
+    bool ended = false;               // under Shared::mu: the end or an error is in buf
+    std::shared_ptr<PoolTask> fill;   // the last fill made (consumer's thread only)
+  };
+
+  bool HasSlot(size_t k) const override { return slots_[k] != nullptr; }
+  void OpenSlot(size_t k, std::unique_ptr<Iterator> it) override {
+    slots_[k] = std::make_shared<Slot>();
+    slots_[k]->it = std::move(it);
+  }
+  void CloseSlot(size_t k) override {
+    if (slots_[k]->fill != nullptr) slots_[k]->fill->Wait();  // it pushed the end; let it return
+    slots_[k].reset();
+  }
+  Result ReadSlot(size_t k) override {
+    StartFills();
+    return Take(*slots_[k]);
+  }
+
+  // Starts fills for slots from the current one on, in cycle order, while
+  // fewer than parallelism_ are in flight.
+  void StartFills() {
+    int64_t in_flight = 0;
+    std::vector<Slot*> wanted;
+    {
+      absl::MutexLock l(&st_->mu);
+      for (size_t k = 0; k < slots_.size(); ++k) {
+        Slot* s = slots_[(cycle() + k) % slots_.size()].get();
+        if (s == nullptr) continue;
+        if (s->fill != nullptr && !s->fill->done()) {
+          ++in_flight;
+        } else if (s->buf.empty() && !s->ended) {
+          wanted.push_back(s);
+        }
+      }
+    }
+    for (Slot* s : wanted) {
+      if (in_flight >= parallelism_) break;
+      s->fill = MakeFill(s);
+      Schedule(s->fill);
+      ++in_flight;
+    }
+  }
+
+  // Reads up to block_length elements of `s` into its buffer.
+  std::shared_ptr<PoolTask> MakeFill(Slot* s) {
+    return std::make_shared<PoolTask>([st = st_, s, n = block_length_] {
+      for (int64_t i = 0; i < n && !st->cancelled.load(); ++i) {
+        Result r = s->it->Next();
+        const bool terminal = !r.ok() || !r->has_value();
+        absl::MutexLock l(&st->mu);
+        s->buf.push_back(std::move(r));
+        if (terminal) {
+          s->ended = true;
+          return;
+        }
+      }
+    });
+  }
+
+  // The slot's next result, waiting for (or running) its fill.
+  Result Take(Slot& slot) {
+    Result r = End();
+    while (true) {
+      {
+        absl::MutexLock l(&st_->mu);
+        if (!slot.buf.empty()) {
+          r = std::move(slot.buf.front());
+          slot.buf.pop_front();
+          return r;
+        }
+      }
+      // Empty and not ended: its fill is in flight (wait for it, or run
+      // it here if queued), or none is, and this thread reads it.
+      if (slot.fill == nullptr || slot.fill->done()) slot.fill = MakeFill(&slot);
+      slot.fill->Wait();
+    }
+  }
+
+  std::shared_ptr<Shared> st_;
+  std::vector<std::shared_ptr<Slot>> slots_;
+  int64_t parallelism_ = 1;
+};
+
 absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {
   SLUICE_ASSIGN_OR_RETURN(auto in, MakeNodeIterator(a->inputs[0], ctx));
-  return std::unique_ptr<Iterator>(new InterleaveIterator(std::move(a), std::move(in), ctx));
+  const int64_t n = a->node->interleave().num_parallel_calls();
+  if (n == 0 || n == 1) {
+    return std::unique_ptr<Iterator>(new InterleaveIterator(std::move(a), std::move(in), ctx));
+  }
+  return std::unique_ptr<Iterator>(
+      new ParallelInterleaveIterator(std::move(a), std::move(in), ctx));
 }
 
 const proto::DatasetNode* Function(const proto::DatasetNode& n) { return &n.interleave().fn(); }

@@ -1,4 +1,10 @@
-// Map(fn): fn applied to each element.
+// Map(fn, num_parallel_calls, deterministic): fn applied to each element,
+// up to num_parallel_calls calls at once on the process-wide pool.
+#include <chrono>
+#include <deque>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "sluice/dataset/ops/op.h"
 
 namespace sluice::internal {
@@ -6,6 +12,7 @@ namespace {
 
 absl::Status Analyze(Analysis& a, const ElementSpec*) {
   SLUICE_ASSIGN_OR_RETURN(const Analysis* in, FirstInput(a, "Map"));
+  SLUICE_RETURN_IF_ERROR(CheckParallelCalls("Map", a.node->map().num_parallel_calls()));
   SLUICE_ASSIGN_OR_RETURN(a.fn, CompiledFunction::Compile(a.node->map().fn(), in->spec, "Map"));
   a.spec = a.fn->output_spec();
   a.cardinality = in->cardinality;
@@ -23,6 +30,190 @@ class MapIterator : public UnaryIterator {
   }
 };
 
+// kAutotune: calls cheaper than this on average run on the consumer's
+// thread, where handing them to the pool would cost more than they do.
+constexpr int64_t kInlineBelowNs = 20'000;
+// Nondeterministic: how long the consumer waits for a pool thread to finish
+// a call before it runs a queued one itself.
+constexpr absl::Duration kNondeterministicPatience = absl::Milliseconds(2);
+// kAutotune decides after this many calls.
+constexpr int64_t kAutotuneSampleCalls = 16;
+
+// Parallel Map. The consumer's thread pulls the input (so input iterators
+// stay single-threaded) and keeps up to `parallelism` calls in flight on
+// the pool; it runs a call itself when no pool thread has taken it yet.
+// Memory: at most `parallelism` input elements and results held.
+// The destructor cancels calls not yet started and waits for running ones.
+class ParallelMapIterator : public UnaryIterator {
+ public:
+  ParallelMapIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
+      : UnaryIterator(std::move(a), std::move(in)), st_(std::make_shared<Shared>()) {
+    const auto& m = node().map();
+    autotune_ = m.num_parallel_calls() == kAutotune;
+    parallelism_ = ResolveParallelism(m.num_parallel_calls());
+    deterministic_ = !m.nondeterministic();
+    st_->fn = a_->fn;
+  }
+  ~ParallelMapIterator() override {
+    st_->cancelled.store(true);
+    for (auto& c : window_) c->task->Wait();  // a queued call returns at once now
+  }
+
+  Result Next() override {
+    if (inline_) return InlineNext();
+    Fill();
+    if (window_.empty()) return Finish();
+    std::shared_ptr<Call> call;
+    if (deterministic_) {
+      call = window_.front();
+      call->task->Wait();
+      window_.pop_front();
+    } else {
+      call = TakeAnyDone();
+    }
+    Result r = std::move(call->result);
+    if (!r.ok()) Stop();
+    if (autotune_ && !decided_) Autotune();
+    return r;
+  }
+
+ private:
+  struct Shared {
+    std::shared_ptr<const CompiledFunction> fn;
+    std::atomic<bool> cancelled{false};
+    std::atomic<int64_t> calls{0}, call_ns{0};
+    absl::Mutex mu;  // guards Call::finished
+  };
+  struct Call {
+    std::shared_ptr<PoolTask> task;
+    Result result;          // written by whoever runs the task, read once it finished
+    bool finished = false;  // under Shared::mu: the call's last touch of this Call
+  };
+
+  void Fill() {
+    while (!input_done_ && static_cast<int64_t>(window_.size()) < parallelism_) {
+      Result e = in_->Next();
+      if (!e.ok() || !e->has_value()) {
+        input_done_ = true;
+        input_end_ = e.ok() ? absl::OkStatus() : e.status();
+        return;
+      }
+      auto call = std::make_shared<Call>();
+      call->task = std::make_shared<PoolTask>(
+          [st = st_, call = call.get(), element = std::move(**e)] {
+            if (st->cancelled.load()) {
+              call->result = absl::CancelledError("Map: the iterator was destroyed");
+            } else {
+              const auto start = std::chrono::steady_clock::now();
+              auto out = st->fn->Apply(element);
+              st->call_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - start).count();
+              st->calls++;
+              call->result = out.ok() ? Some(*std::move(out)) : Result(out.status());
+            }
+            absl::MutexLock l(&st->mu);
+            call->finished = true;
+          });
+      window_.push_back(call);
+      Schedule(call->task);
+    }
+  }
+
+  // Nondeterministic: the first call in the window that finished, else
+  // one no pool thread took (run here), else the next to finish.
+  std::shared_ptr<Call> TakeAnyDone() {
+    auto take = [this](std::deque<std::shared_ptr<Call>>::iterator it) {
+      auto call = *it;
+      window_.erase(it);
+      return call;
+    };
+    auto any_finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st_->mu) {
+      for (const auto& c : window_) {
+        if (c->finished) return true;
+      }
+      return false;
+    };
+    while (true) {
+      {
+        // Pool threads get a moment first: a call run here is delivered
+        // when it ends, even if others finish sooner.
+        absl::MutexLock l(&st_->mu);
+        st_->mu.AwaitWithTimeout(absl::Condition(&any_finished), kNondeterministicPatience);
+        for (auto it = window_.begin(); it != window_.end(); ++it) {
+          if ((*it)->finished) return take(it);
+        }
+      }
+      // From the back: the pool takes calls from the front.
+      for (auto it = window_.rbegin(); it != window_.rend(); ++it) {
+        if ((*it)->task->TryRun()) return take(std::next(it).base());
+      }
+      absl::MutexLock l(&st_->mu);
+      st_->mu.Await(absl::Condition(&any_finished));
+    }
+  }
+
+  // The input's end (or error) once every call before it was delivered.
+  Result Finish() {
+    if (!input_end_.ok()) return input_end_;
+    return End();
+  }
+
+  // After an error: nothing later is delivered.
+  void Stop() {
+    st_->cancelled.store(true);
+    for (auto& c : window_) c->task->Wait();
+    window_.clear();
+    input_done_ = true;
+    input_end_ = absl::OkStatus();
+  }
+
+  void Autotune() {
+    if (st_->calls.load() < kAutotuneSampleCalls) return;
+    decided_ = true;
+    if (st_->call_ns.load() / st_->calls.load() < kInlineBelowNs) inline_ = true;
+  }
+
+  // kAutotune chose to run cheap calls here: first what is in flight, in
+  // order, then the input directly.
+  Result InlineNext() {
+    if (!window_.empty()) {
+      auto call = window_.front();
+      call->task->Wait();
+      window_.pop_front();
+      Result r = std::move(call->result);
+      if (!r.ok()) Stop();
+      return r;
+    }
+    if (input_done_) return Finish();
+    SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
+    if (!e) return End();
+    SLUICE_ASSIGN_OR_RETURN(Element out, a_->fn->Apply(*e));
+    return Some(std::move(out));
+  }
+
+  std::shared_ptr<Shared> st_;
+  std::deque<std::shared_ptr<Call>> window_;
+  int64_t parallelism_ = 1;
+  bool deterministic_ = true;
+  bool autotune_ = false, decided_ = false, inline_ = false;
+  bool input_done_ = false;
+  absl::Status input_end_;
+};
+
+absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {
+  const int64_t n = a->node->map().num_parallel_calls();
+  if (n == 0 || n == 1) return MakeUnaryIterator<MapIterator>(std::move(a), ctx);
+  return MakeUnaryIterator<ParallelMapIterator>(std::move(a), ctx);
+}
+
+// A nondeterministic parallel Map reorders elements: distributed_epoch
+// cannot tie its output to source positions.
+SplitPassing SplitPassingOf(const proto::DatasetNode& n) {
+  const auto& m = n.map();
+  const bool parallel = m.num_parallel_calls() != 0 && m.num_parallel_calls() != 1;
+  return parallel && m.nondeterministic() ? SplitPassing::kUntracked : SplitPassing::kTracked;
+}
+
 }  // namespace
 
 extern const OpDef kMapOp = {
@@ -30,8 +221,9 @@ extern const OpDef kMapOp = {
     .inputs = &InputField<&proto::DatasetNode::map>,
     .mutable_inputs = &MutableInputField<&proto::DatasetNode::mutable_map>,
     .analyze = &Analyze,
-    .make_iterator = &MakeUnaryIterator<MapIterator>,
+    .make_iterator = &MakeIterator,
     .split_passing = SplitPassing::kTracked,
+    .split_passing_of = &SplitPassingOf,
 };
 
 }  // namespace sluice::internal

@@ -26,6 +26,7 @@
 #include "dataset/dataset.pb.h"
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset_internal.h"
+#include "sluice/dataset/thread_pool.h"
 
 namespace sluice::internal {
 
@@ -94,6 +95,9 @@ struct OpDef {
   // ---- dynamic sharding (distributed_epoch) ----
   const SplitSourceTraits* split_source = nullptr;  // non-null: a split source
   SplitPassing split_passing = SplitPassing::kNone;
+  // When set, decides per node instead (Map: a nondeterministic one
+  // reorders its elements).
+  SplitPassing (*split_passing_of)(const proto::DatasetNode& node) = nullptr;
 
   // ---- static sharding ----
   FileSharding file_sharding = FileSharding::kNone;
@@ -132,6 +136,10 @@ std::vector<proto::DatasetNode*> MutableInputField(proto::DatasetNode* node) {
 
 // InvalidArgument "<op>: <msg>".
 absl::Status Invalid(absl::string_view op, absl::string_view msg);
+
+// InvalidArgument naming `op` unless num_parallel_calls is kAutotune or in
+// [0, kMaxParallelCalls] (0, unset in a definition, means 1).
+absl::Status CheckParallelCalls(absl::string_view op, int64_t num_parallel_calls);
 
 // The first input's analysis; InvalidArgument naming `op` when there is none.
 absl::StatusOr<const Analysis*> FirstInput(const Analysis& a, absl::string_view op);

@@ -1,5 +1,8 @@
 // Prefetch(buffer_size): the input produced up to buffer_size elements
-// ahead on a background thread.
+// ahead on a background thread. kAutotune: max(2, pool threads) elements,
+// and no more than kAutotuneBytes of them beyond the first.
+#include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <thread>
 
@@ -11,10 +14,20 @@
 namespace sluice::internal {
 namespace {
 
+constexpr size_t kAutotuneBytes = size_t{64} << 20;
+
+size_t ByteSize(const Result& r) {
+  size_t n = 0;
+  if (r.ok() && r->has_value()) {
+    for (const Tensor& t : **r) n += t.byte_size();
+  }
+  return n;
+}
+
 absl::Status Analyze(Analysis& a, const ElementSpec*) {
   SLUICE_ASSIGN_OR_RETURN(const Analysis* in, FirstInput(a, "Prefetch"));
-  if (a.node->prefetch().buffer_size() <= 0) {
-    return Invalid("Prefetch", absl::StrCat("buffer_size must be > 0; got ",
+  if (a.node->prefetch().buffer_size() <= 0 && a.node->prefetch().buffer_size() != kAutotune) {
+    return Invalid("Prefetch", absl::StrCat("buffer_size must be > 0 or kAutotune; got ",
                                             a.node->prefetch().buffer_size()));
   }
   a.spec = in->spec;
@@ -41,15 +54,21 @@ class PrefetchIterator : public UnaryIterator {
         +[](std::deque<Result>* b) { return !b->empty(); }, &buf_));
     Result r = buf_.front();
     // The terminal result (end or error) stays queued so it repeats.
-    if (r.ok() && r->has_value()) buf_.pop_front();
+    if (r.ok() && r->has_value()) {
+      bytes_ -= ByteSize(buf_.front());
+      buf_.pop_front();
+    }
     return r;
   }
 
  private:
   void Run() ABSL_LOCKS_EXCLUDED(mu_) {
-    const size_t cap = static_cast<size_t>(node().prefetch().buffer_size());
-    auto has_room = [this, cap]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || buf_.size() < cap;
+    const bool autotune = node().prefetch().buffer_size() == kAutotune;
+    const size_t cap = autotune ? static_cast<size_t>(std::max(2, ThreadPoolSize()))
+                                : static_cast<size_t>(node().prefetch().buffer_size());
+    const size_t max_bytes = autotune ? kAutotuneBytes : SIZE_MAX;
+    auto has_room = [this, cap, max_bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || buf_.empty() || (buf_.size() < cap && bytes_ < max_bytes);
     };
     while (true) {
       {
@@ -60,6 +79,7 @@ class PrefetchIterator : public UnaryIterator {
       Result r = in_->Next();
       bool terminal = !r.ok() || !r->has_value();
       absl::MutexLock l(&mu_);
+      bytes_ += ByteSize(r);
       buf_.push_back(std::move(r));
       if (terminal) return;
     }
@@ -67,6 +87,7 @@ class PrefetchIterator : public UnaryIterator {
 
   absl::Mutex mu_;
   std::deque<Result> buf_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -61,6 +61,15 @@ absl::Status Invalid(absl::string_view op, absl::string_view msg) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", msg));
 }
 
+absl::Status CheckParallelCalls(absl::string_view op, int64_t num_parallel_calls) {
+  if (num_parallel_calls == kAutotune ||
+      (num_parallel_calls >= 0 && num_parallel_calls <= kMaxParallelCalls)) {
+    return absl::OkStatus();
+  }
+  return Invalid(op, absl::StrCat("num_parallel_calls must be in [1, ", kMaxParallelCalls,
+                                  "] or kAutotune; got ", num_parallel_calls));
+}
+
 absl::StatusOr<const Analysis*> FirstInput(const Analysis& a, absl::string_view op) {
   if (a.inputs.empty()) return Invalid(op, "missing input dataset");
   return a.inputs[0].get();

@@ -19,6 +19,7 @@
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
 #include "sluice/dataset/tfrecord.h"
+#include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/worker/worker_server.h"
 #include "tests/dataset/dataset_test_util.h"
@@ -125,12 +126,14 @@ class ServiceTest : public ::testing::TestWithParam<std::string> {
       wc.heartbeat_interval_ms = 200;
       wc.data_transfer_protocol = GetParam();
       wc.cpu_list = worker_cpu_list_;
+      wc.worker_threads = worker_threads_;
       auto w = WorkerServer::Start(wc);
       ASSERT_OK(w);
       workers_.push_back(*std::move(w));
     }
   }
   std::string worker_cpu_list_;  // applied by StartWorkers
+  int64_t worker_threads_ = 0;   // applied by StartWorkers
 
   void StartService(int workers, DispatcherConfig dc = {}) {
     StartDispatcher(dc);
@@ -342,6 +345,27 @@ TEST_P(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
   auto counts = Counts(got);
   ASSERT_EQ(counts.size(), static_cast<size_t>(kN));
   for (const auto& [v, n] : counts) ASSERT_EQ(n, 2) << "value " << v;
+}
+
+// Parallel work before Distribute runs on the worker's pool, sized by
+// worker_threads; one worker's elements still arrive in its order.
+TEST_P(ServiceTest, ParallelMapOnAWorkerKeepsItsOrder) {
+  StartDispatcher();
+  worker_threads_ = 3;
+  StartWorkers(1);
+  EXPECT_EQ(ThreadPoolSize(), 3);
+  std::vector<int64_t> squares;
+  for (int64_t i = 0; i < 300; ++i) squares.push_back(i * i);
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+    return CollectScalars<int64_t>(Dataset::Range(300).Map(x * x, kAutotune).Distribute(Options()));
+  }));
+  EXPECT_THAT(v, ElementsAreArray(squares));
+  WorkerConfig bad;
+  bad.dispatcher_address = dispatcher_->address();
+  bad.worker_threads = -1;
+  EXPECT_STATUS(WorkerServer::Start(bad), absl::StatusCode::kInvalidArgument,
+                "worker_threads -1 is not in 0..4096");
+  ConfigureThreadPool(AvailableCpus());
 }
 
 // tf.data's target_workers (its local_workers_test): "LOCAL" reads only

@@ -1,0 +1,144 @@
+#include "sluice/dataset/thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace sluice {
+namespace internal {
+
+struct PoolTask::State {
+  enum Phase { kQueued, kRunning, kDone };
+  absl::Mutex mu;
+  Phase phase ABSL_GUARDED_BY(mu) = kQueued;
+  std::function<void()> fn;  // touched only by the thread that claimed it
+};
+
+PoolTask::PoolTask(std::function<void()> fn) : st_(std::make_shared<State>()) {
+  st_->fn = std::move(fn);
+}
+
+bool PoolTask::TryRun() {
+  {
+    absl::MutexLock l(&st_->mu);
+    if (st_->phase != State::kQueued) return false;
+    st_->phase = State::kRunning;
+  }
+  std::function<void()> fn = std::move(st_->fn);
+  fn();
+  fn = nullptr;  // what the work captured goes before anyone is told it is done
+  absl::MutexLock l(&st_->mu);
+  st_->phase = State::kDone;
+  return true;
+}
+
+void PoolTask::Wait() {
+  if (TryRun()) return;
+  absl::MutexLock l(&st_->mu);
+  st_->mu.Await(absl::Condition(
+      +[](State::Phase* p) { return *p == State::kDone; }, &st_->phase));
+}
+
+bool PoolTask::done() const {
+  absl::MutexLock l(&st_->mu);
+  return st_->phase == State::kDone;
+}
+
+namespace {
+
+// Never destroyed: its threads may outlive static destruction at exit
+// (they wait for work then, touching nothing else).
+class ThreadPool {
+ public:
+  void Configure(int threads, std::function<void()> init) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    target_ = std::max(1, threads);
+    if (init) init_ = std::move(init);
+    StartThreadsLocked();
+  }
+  int Size() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return target_;
+  }
+  void Schedule(std::shared_ptr<PoolTask> task) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    queue_.push_back(std::move(task));
+  }
+
+  static ThreadPool& Get() {
+    static ThreadPool* pool = [] {
+      auto* p = new ThreadPool;
+      p->Configure(AvailableCpus(), {});
+      return p;
+    }();
+    return *pool;
+  }
+
+ private:
+  void StartThreadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (live_ < target_) {
+      ++live_;
+      std::thread([this, init = init_] { Run(init); }).detach();
+    }
+  }
+  void Run(const std::function<void()>& init) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (init) init();
+    auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !queue_.empty() || live_ > target_;
+    };
+    while (true) {
+      std::shared_ptr<PoolTask> task;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(&has_work));
+        if (live_ > target_) {  // the pool shrank: this thread leaves
+          --live_;
+          return;
+        }
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task->TryRun();  // a waiter may have run it already
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<PoolTask>> queue_ ABSL_GUARDED_BY(mu_);
+  int target_ ABSL_GUARDED_BY(mu_) = 0;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> init_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+void Schedule(std::shared_ptr<PoolTask> task) { ThreadPool::Get().Schedule(std::move(task)); }
+
+int64_t ResolveParallelism(int64_t num_parallel_calls) {
+  if (num_parallel_calls < 1) return ThreadPool::Get().Size();
+  return std::min(num_parallel_calls, kMaxParallelCalls);
+}
+
+}  // namespace internal
+
+void ConfigureThreadPool(int threads, std::function<void()> thread_init) {
+  internal::ThreadPool::Get().Configure(threads, std::move(thread_init));
+}
+
+int ThreadPoolSize() { return internal::ThreadPool::Get().Size(); }
+
+int AvailableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    return std::max(1u, std::thread::hardware_concurrency());
+  }
+  return std::max(1, CPU_COUNT(&set));
+}
+
+}  // namespace sluice

@@ -1,0 +1,59 @@
+// The process-wide pool that runs a pipeline's parallel work: the calls of
+// Map(fn, num_parallel_calls), Interleave's per-slot reads and Batch's
+// copies (docs/datasets.md, "Parallelism").
+//
+// One bounded set of threads serves every iterator of the process, so N
+// parallel ops never start N x cores threads. By default it has one thread
+// per cpu this process may run on (sched_getaffinity at first use); a
+// worker sizes it to the cpus it is pinned to, or to --worker_threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace sluice {
+
+// Sets the pool's thread count (>= 1) and, optionally, a function each new
+// pool thread runs first (a worker pins its threads with it; empty keeps
+// the current one). Threads are added at once; surplus ones leave when
+// they finish their current work. Safe to call at any time.
+void ConfigureThreadPool(int threads, std::function<void()> thread_init = {});
+// The pool's thread count (starting it when it was not yet).
+int ThreadPoolSize();
+// The cpus this process may run on (its affinity mask), at least 1.
+int AvailableCpus();
+
+}  // namespace sluice
+
+namespace sluice::internal {
+
+// One unit of parallel work, queued on the pool. A thread that needs its
+// result calls Wait(), which runs the work itself when no pool thread has
+// taken it yet, so a pipeline never waits on a queue behind other work and
+// nested parallel ops cannot deadlock the pool.
+class PoolTask {
+ public:
+  explicit PoolTask(std::function<void()> fn);
+  PoolTask(const PoolTask&) = delete;
+  PoolTask& operator=(const PoolTask&) = delete;
+  // Runs the work on this thread unless another took it; true if it ran here.
+  bool TryRun();
+  // Returns once the work ran (on this thread if nobody had taken it).
+  void Wait();
+  bool done() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> st_;
+};
+
+// Queues `task` on the process-wide pool.
+void Schedule(std::shared_ptr<PoolTask> task);
+
+// num_parallel_calls as an op asks for it: kAutotune (or any value below 1)
+// becomes the pool's size, and nothing exceeds kMaxParallelCalls.
+inline constexpr int64_t kMaxParallelCalls = 1024;
+int64_t ResolveParallelism(int64_t num_parallel_calls);
+
+}  // namespace sluice::internal

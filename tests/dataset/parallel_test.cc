@@ -1,0 +1,272 @@
+// Parallel Map, Interleave and Batch on the process-wide pool: the same
+// elements as sequential runs, order, errors at their position,
+// cancellation, and the pool itself.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "dataset/dataset.pb.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/dataset_internal.h"
+#include "sluice/dataset/thread_pool.h"
+#include "sluice/dataset/udf.h"
+#include "tests/dataset/dataset_test_util.h"
+
+namespace sluice {
+namespace {
+
+using ::sluice_test::Collect;
+using ::sluice_test::CollectScalars;
+using ::testing::ElementsAreArray;
+using ::testing::UnorderedElementsAreArray;
+using expr::x;
+
+std::atomic<int64_t> g_running{0}, g_calls{0};
+
+// v -> v * v after a delay that varies with v (so parallel calls finish out
+// of order); v == 0 takes longest.
+absl::StatusOr<Element> Jitter(const Element& in) {
+  g_running++;
+  g_calls++;
+  const int64_t v = in[0].at<int64_t>(0);
+  const int64_t us = v == 0 ? 30000 : (v * 7919) % 7 * 150;
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
+  g_running--;
+  return Element{Tensor::Scalar<int64_t>(v * v)};
+}
+SLUICE_REGISTER_UDF(test_jitter, Jitter, {.num_inputs = 1, .output_dtypes = {{DType::kInt64}}});
+
+absl::StatusOr<Element> FailAtFifty(const Element& in) {
+  const int64_t v = in[0].at<int64_t>(0);
+  std::this_thread::sleep_for(std::chrono::microseconds((v * 31) % 5 * 100));
+  if (v == 50) return absl::FailedPreconditionError("fifty is not allowed");
+  return in;
+}
+SLUICE_REGISTER_UDF(test_fail_at_fifty, FailAtFifty,
+                    {.num_inputs = 1, .output_dtypes = {{DType::kInt64}}});
+
+std::vector<int64_t> Squares(int64_t n) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(i * i);
+  return v;
+}
+
+// Runs `fn` on another thread and fails the test if it does not finish in
+// `limit` (a hang guard, not a performance check).
+template <typename F>
+auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  auto f = std::async(std::launch::async, std::move(fn));
+  if (f.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "hung for " << limit.count() << " s";
+    std::abort();
+  }
+  return f.get();
+}
+
+TEST(ParallelMapTest, DeterministicRunsGiveTheSequentialElementsInOrder) {
+  for (int64_t calls : {int64_t{2}, int64_t{4}, kAutotune}) {
+    Dataset ds = Dataset::Range(120).Map(Udf("test_jitter"), calls);
+    ASSERT_OK(ds.status());
+    ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(ds));
+    EXPECT_THAT(v, ElementsAreArray(Squares(120))) << "num_parallel_calls " << calls;
+  }
+  // Expressions too, and the definition says what was asked.
+  Dataset expr = Dataset::Range(1000).Map(x * 3 + 1, 3);
+  EXPECT_EQ(expr.def().root().map().num_parallel_calls(), 3);
+  ASSERT_OK_AND_ASSIGN(auto e, CollectScalars<int64_t>(expr));
+  ASSERT_EQ(e.size(), 1000u);
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(e[i], i * 3 + 1);
+  // num_parallel_calls = 1 is the sequential Map, with the same definition.
+  EXPECT_EQ(Dataset::Range(5).Map(x + 1, 1).Fingerprint(), Dataset::Range(5).Map(x + 1).Fingerprint());
+}
+
+TEST(ParallelMapTest, NondeterministicYieldsWhatIsReadyFirst) {
+  Dataset ds = Dataset::Range(40).Map(Udf("test_jitter"), 4, /*deterministic=*/false);
+  ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(ds));
+  EXPECT_THAT(v, UnorderedElementsAreArray(Squares(40)));
+  // Element 0 takes 30 ms, the others under 1 ms: it is not first.
+  EXPECT_NE(v[0], 0);
+  // Deterministic waits for it.
+  ASSERT_OK_AND_ASSIGN(auto d, CollectScalars<int64_t>(Dataset::Range(40).Map(Udf("test_jitter"), 4)));
+  EXPECT_EQ(d[0], 0);
+}
+
+TEST(ParallelMapTest, AnErrorSurfacesAtItsPositionAndNothingAfterIt) {
+  for (int64_t calls : {int64_t{1}, int64_t{4}, kAutotune}) {
+    ASSERT_OK_AND_ASSIGN(auto it,
+                         Dataset::Range(200).Map(Udf("test_fail_at_fifty"), calls).MakeIterator());
+    for (int64_t i = 0; i < 50; ++i) {
+      auto e = it->Next();
+      ASSERT_OK(e);
+      ASSERT_TRUE(e->has_value());
+      ASSERT_EQ((**e)[0].at<int64_t>(0), i) << "num_parallel_calls " << calls;
+    }
+    for (int k = 0; k < 3; ++k) {  // sticky
+      EXPECT_STATUS(it->Next(), absl::StatusCode::kFailedPrecondition, "fifty is not allowed");
+    }
+  }
+  // Nondeterministic: the error arrives, and nothing is delivered after it.
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(200)
+                                    .Map(Udf("test_fail_at_fifty"), 4, false)
+                                    .MakeIterator());
+  int64_t before = 0;
+  while (true) {
+    auto e = it->Next();
+    if (!e.ok()) {
+      EXPECT_STATUS(e, absl::StatusCode::kFailedPrecondition, "fifty");
+      break;
+    }
+    ASSERT_TRUE(e->has_value()) << "ended without the error";
+    ++before;
+  }
+  EXPECT_LT(before, 200);
+  EXPECT_STATUS(it->Next(), absl::StatusCode::kFailedPrecondition, "fifty");
+}
+
+TEST(ParallelMapTest, DestroyingTheIteratorStopsItsCalls) {
+  for (bool deterministic : {true, false}) {
+    {
+      ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1000000)
+                                        .Map(Udf("test_jitter"), 8, deterministic)
+                                        .MakeIterator());
+      for (int i = 0; i < 5; ++i) ASSERT_OK(it->Next());
+      WithHangGuard([&] { it.reset(); });
+    }
+    // No call runs once the destructor returned, and none starts later.
+    EXPECT_EQ(g_running.load(), 0);
+    const int64_t calls = g_calls.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(g_calls.load(), calls);
+  }
+}
+
+TEST(ParallelMapTest, BadParallelismIsInvalidArgument) {
+  EXPECT_STATUS(Dataset::Range(3).Map(x + 1, 0).status(), absl::StatusCode::kInvalidArgument,
+                "Map: num_parallel_calls must be in [1, 1024] or kAutotune; got 0");
+  EXPECT_STATUS(Dataset::Range(3).Map(x + 1, -5).status(), absl::StatusCode::kInvalidArgument,
+                "got -5");
+  EXPECT_STATUS(Dataset::Range(3).Batch(2, false, 5000).status(),
+                absl::StatusCode::kInvalidArgument, "Batch: num_parallel_calls");
+  EXPECT_STATUS(Dataset::Range(3).Interleave([](const Dataset& d) { return d; }, 2, 1, 0).status(),
+                absl::StatusCode::kInvalidArgument, "Interleave: num_parallel_calls");
+  EXPECT_STATUS(Dataset::Range(3).Prefetch(-2).status(), absl::StatusCode::kInvalidArgument,
+                "buffer_size must be > 0 or kAutotune");
+}
+
+TEST(ParallelMapTest, OnlyANondeterministicMapLosesTheTieToSplits) {
+  auto tracked = [](const Dataset& ds) {
+    auto info = internal::FindSplitSource(ds.def().root());
+    EXPECT_OK(info.status());
+    return info.ok() && info->tracked;
+  };
+  EXPECT_TRUE(tracked(Dataset::Range(10).Map(x + 1, 4)));
+  EXPECT_TRUE(tracked(Dataset::Range(10).Map(x + 1, 1, false)));
+  EXPECT_FALSE(tracked(Dataset::Range(10).Map(x + 1, 4, false)));
+}
+
+// tf.data: range(1,6).interleave(lambda v: repeat(v, 3), cycle_length=3,
+// block_length=2), now with the slots read ahead in parallel.
+TEST(ParallelInterleaveTest, GivesTheSequentialOrder) {
+  auto fn = [](const Dataset& e) { return e.Repeat(3); };
+  for (int64_t calls : {int64_t{2}, int64_t{3}, kAutotune}) {
+    ASSERT_OK_AND_ASSIGN(auto w, CollectScalars<int64_t>(Dataset::Range(1, 6).Interleave(fn, 3, 2, calls)));
+    EXPECT_THAT(w, ElementsAreArray({1, 1, 2, 2, 3, 3, 1, 2, 3, 4, 4, 5, 5, 4, 5}));
+  }
+  // Per-element datasets doing slow work that finishes out of order.
+  auto ranged = [](const Dataset& e) { return e.Repeat(4).Map(Udf("test_jitter")); };
+  ASSERT_OK_AND_ASSIGN(auto seq, CollectScalars<int64_t>(Dataset::Range(1, 30).Interleave(ranged, 4, 3)));
+  ASSERT_OK_AND_ASSIGN(auto par, CollectScalars<int64_t>(
+                                     Dataset::Range(1, 30).Interleave(ranged, 4, 3, kAutotune)));
+  EXPECT_EQ(par, seq);
+  EXPECT_EQ(par.size(), 29u * 4);
+}
+
+TEST(ParallelInterleaveTest, AnErrorSurfacesAtItsPosition) {
+  // Slots over 40..59, each three times; 50's slot fails when read.
+  auto fn = [](const Dataset& e) { return e.Repeat(3).Map(Udf("test_fail_at_fifty")); };
+  auto until_error = [&](int64_t calls) {
+    std::vector<int64_t> got;
+    auto it = Dataset::Range(40, 60).Interleave(fn, 4, 2, calls).MakeIterator();
+    EXPECT_OK(it.status());
+    if (!it.ok()) return got;
+    while (true) {
+      auto e = (*it)->Next();
+      if (!e.ok()) {
+        EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << calls;
+        return got;
+      }
+      EXPECT_TRUE(e->has_value()) << "ended without the error";
+      if (!e->has_value()) return got;
+      got.push_back((**e)[0].at<int64_t>(0));
+    }
+  };
+  const std::vector<int64_t> sequential = until_error(1);
+  EXPECT_GE(sequential.size(), 20u);  // slots of 40..49 read before 50's
+  for (int64_t calls : {int64_t{2}, int64_t{4}, kAutotune}) {
+    EXPECT_EQ(until_error(calls), sequential) << "num_parallel_calls " << calls;
+  }
+}
+
+TEST(ParallelInterleaveTest, DestroyingTheIteratorMidStreamReturns) {
+  auto fn = [](const Dataset& e) { return Dataset::Range(1000000).Map(Udf("test_jitter")); };
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(8).Interleave(fn, 4, 8, 4).MakeIterator());
+  for (int i = 0; i < 20; ++i) ASSERT_OK(it->Next());
+  WithHangGuard([&] { it.reset(); });
+  EXPECT_EQ(g_running.load(), 0);
+}
+
+// A one-thread pool running an Interleave whose datasets have parallel
+// Maps: waiters run queued work themselves, so nothing deadlocks.
+TEST(ThreadPoolTest, NestedParallelOpsOnOneThreadDoNotDeadlock) {
+  ConfigureThreadPool(1);
+  EXPECT_EQ(ThreadPoolSize(), 1);
+  EXPECT_EQ(internal::ResolveParallelism(kAutotune), 1);
+  auto fn = [](const Dataset& e) { return e.Repeat(5).Map(x * 2, 4); };
+  auto v = WithHangGuard(
+      [&] { return CollectScalars<int64_t>(Dataset::Range(20).Interleave(fn, 4, 2, 4).Map(x + 1, 3)); });
+  ASSERT_OK(v);
+  EXPECT_EQ(v->size(), 100u);
+  ConfigureThreadPool(3);
+  EXPECT_EQ(ThreadPoolSize(), 3);
+  EXPECT_EQ(internal::ResolveParallelism(kAutotune), 3);
+  EXPECT_EQ(internal::ResolveParallelism(2), 2);
+  ConfigureThreadPool(AvailableCpus());
+  EXPECT_GE(AvailableCpus(), 1);
+}
+
+TEST(ParallelBatchTest, ParallelCopiesGiveTheSameBatches) {
+  // 8 MiB batches: the copy is split over the pool.
+  std::vector<Element> rows;
+  for (int i = 0; i < 16; ++i) {
+    auto t = Tensor::Allocate(DType::kFloat32, TensorShape({256, 1024}));
+    ASSERT_OK(t);
+    float* p = reinterpret_cast<float*>(t->mutable_data());
+    for (int64_t k = 0; k < 256 * 1024; ++k) p[k] = static_cast<float>(i * 1000003 + k);
+    rows.push_back(Element{*std::move(t)});
+  }
+  Dataset src = Dataset::FromTensors(rows);
+  for (int64_t calls : {int64_t{4}, kAutotune}) {
+    ASSERT_OK_AND_ASSIGN(auto par, Collect(src.Batch(8, false, calls)));
+    ASSERT_OK_AND_ASSIGN(auto seq, Collect(src.Batch(8)));
+    ASSERT_EQ(par.size(), 2u);
+    for (size_t b = 0; b < par.size(); ++b) {
+      ASSERT_EQ(par[b][0].shape(), seq[b][0].shape());
+      ASSERT_EQ(std::memcmp(par[b][0].data(), seq[b][0].data(), seq[b][0].byte_size()), 0);
+    }
+  }
+  // Strings and a short last batch.
+  ASSERT_OK_AND_ASSIGN(auto small, CollectScalars<int64_t>(Dataset::Range(10).Batch(4, false, 2).Unbatch()));
+  EXPECT_THAT(small, ElementsAreArray({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+TEST(PrefetchTest, AutotunedBufferKeepsOrder) {
+  ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(Dataset::Range(500).Prefetch(kAutotune)));
+  ASSERT_EQ(v.size(), 500u);
+  for (int64_t i = 0; i < 500; ++i) ASSERT_EQ(v[i], i);
+}
+
+}  // namespace
+}  // namespace sluice
