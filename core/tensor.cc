@@ -3,6 +3,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <list>
+#include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,12 +38,76 @@ std::string TensorShape::ToString() const {
   return absl::StrCat("[", absl::StrJoin(dims_, ","), "]");
 }
 
-std::shared_ptr<uint8_t> AllocateAligned(size_t bytes) {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kRecycle = false;  // reuse would hide use-after-free from the sanitizer
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kRecycle = false;
+#else
+constexpr bool kRecycle = true;
+#endif
+#else
+constexpr bool kRecycle = true;
+#endif
+
+// Freed large blocks, most recently freed first (AllocateAligned).
+class BlockCache {
+ public:
+  // Never destroyed: tensors freed during exit still return their blocks.
+  static BlockCache& Get() {
+    static BlockCache* cache = new BlockCache;
+    return *cache;
+  }
+  void* Take(size_t size) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
+      if (it->second != size) continue;
+      void* p = it->first;
+      bytes_ -= size;
+      blocks_.erase(it);
+      return p;
+    }
+    return nullptr;
+  }
+  void Put(void* p, size_t size) {
+    std::list<std::pair<void*, size_t>> evicted;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      blocks_.emplace_front(p, size);
+      bytes_ += size;
+      while (bytes_ > kRecycledCacheBytes) {
+        bytes_ -= blocks_.back().second;
+        evicted.splice(evicted.begin(), blocks_, std::prev(blocks_.end()));
+      }
+    }
+    for (auto& [q, n] : evicted) std::free(q);
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<std::pair<void*, size_t>> blocks_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<uint8_t> AllocateAligned(size_t bytes, bool zeroed) {
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
-  void* p = std::aligned_alloc(64, rounded);
+  // Recycled blocks come in 64 KiB steps, so near sizes share them.
+  const bool recycle = kRecycle && rounded >= kRecycledBlockBytes;
+  if (recycle) rounded = (rounded + 65535) / 65536 * 65536;
+  void* p = recycle ? BlockCache::Get().Take(rounded) : nullptr;
+  if (p == nullptr) p = std::aligned_alloc(64, rounded);
   if (p == nullptr) return nullptr;
-  std::memset(p, 0, rounded);
+  if (zeroed) std::memset(p, 0, rounded);
+  if (recycle) {
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [rounded](uint8_t* q) {
+      BlockCache::Get().Put(q, rounded);
+    });
+  }
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
 }
 

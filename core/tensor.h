@@ -141,8 +141,16 @@ std::string ElementDebugString(const Element& e);
 template <typename T>
 constexpr DType DTypeOf();
 
-// Allocates `bytes` zeroed bytes aligned to 64; owner frees them.
-std::shared_ptr<uint8_t> AllocateAligned(size_t bytes);
+// Allocates `bytes` bytes aligned to 64, zeroed unless `zeroed` is false
+// (for a buffer the caller overwrites entirely); the owner frees them. Null
+// when memory runs out. Blocks of kRecycledBlockBytes or more are recycled:
+// a freed one is kept (up to kRecycledCacheBytes in all, the oldest freed
+// first beyond that) for the next allocation of the same size, so a
+// pipeline producing fresh large tensors does not fault in every page of
+// each one. Sanitizer builds do not recycle.
+inline constexpr size_t kRecycledBlockBytes = size_t{1} << 20;
+inline constexpr size_t kRecycledCacheBytes = size_t{256} << 20;
+std::shared_ptr<uint8_t> AllocateAligned(size_t bytes, bool zeroed = true);
 
 // Builds a string tensor from pieces without intermediate std::strings.
 absl::StatusOr<Tensor> MakeStringTensor(const std::vector<std::string_view>& values,

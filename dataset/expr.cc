@@ -459,12 +459,12 @@ absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::stri
 // over memory.
 absl::StatusOr<Tensor> AllocateForOverwrite(DType dtype, const TensorShape& shape) {
   const size_t bytes = static_cast<size_t>(shape.num_elements()) * DTypeSize(dtype);
-  void* mem = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  std::shared_ptr<uint8_t> mem = AllocateAligned(bytes, /*zeroed=*/false);
   if (mem == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
   }
-  std::shared_ptr<const void> owner(mem, [](const void* p) { std::free(const_cast<void*>(p)); });
-  return Tensor::View(dtype, shape, mem, bytes, std::move(owner));
+  uint8_t* data = mem.get();
+  return Tensor::View(dtype, shape, data, bytes, std::move(mem));
 }
 
 int ComponentIndex(const Step& s) { return s.component < 0 ? 0 : s.component; }

@@ -31,9 +31,13 @@ double CpuSeconds(const timeval& tv) { return tv.tv_sec + tv.tv_usec * 1e-6; }
 
 Dataset WorkloadDataset(const ClientOptions& o) {
   const char* udf = o.workload == "burn" ? "perf_burn" : "perf_payload";
-  return Dataset::FromTensors({Element{Tensor::Scalar<int64_t>(o.arg)}})
-      .Repeat(-1)
-      .Map(Udf(udf));
+  Dataset ds = Dataset::FromTensors({Element{Tensor::Scalar<int64_t>(o.arg)}})
+                   .Repeat(-1)
+                   .Map(Udf(udf));
+  // fresh: every element a new tensor the worker computes (x + 0 over the
+  // payload's bytes), not the same bytes served again.
+  if (o.workload == "fresh") ds = ds.Map(expr::x + 0);
+  return ds;
 }
 
 absl::StatusOr<std::unique_ptr<Iterator>> Open(const ClientOptions& o, int64_t outstanding) {

@@ -23,6 +23,8 @@ struct ClientOptions {
   std::string protocol = "ucx";    // DistributeOptions::data_transfer_protocol
   // "payload": FromTensors({S}).Repeat().Map(perf_payload) -> uint8[S] elements;
   // "burn": FromTensors({N}).Repeat().Map(perf_burn) -> N rounds of CPU work each.
+  // "fresh": the payload workload followed by Map(x + 0): a new uint8[S]
+  // tensor computed per element on the worker.
   std::string workload = "payload";
   int64_t arg = 0;                 // S (bytes) or N (rounds)
   int64_t max_outstanding_requests = 8;

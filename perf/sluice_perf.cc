@@ -2,6 +2,7 @@
 //
 //   sluice-perf transport [--quick] [--json out.json] [--plot out.png]
 //   sluice-perf pipeline  [--quick] [--json out.json] [--plot out.png]
+//   sluice-perf engine    [--quick] [--json out.json]
 //
 // transport: one client pulls pre-built elements (perf_payload) of each size
 // from worker processes over ucx (UCX_TLS=tcp), ucx (shared memory) and
@@ -10,6 +11,8 @@
 // ceiling and of the gRPC path.
 // pipeline: Distribute throughput of a CPU-bound map (perf_burn) on 1..N
 // worker processes and several max_outstanding_requests.
+// engine: expressions vs plain loops, Map with num_parallel_calls 1, 2 and
+// kAutotune, and fresh vs pre-built 16 MiB elements from worker processes.
 //
 // Process model. UCX reads UCX_TLS once, when the process creates its UCX
 // context, and the client keeps one context per process. So every client
@@ -91,6 +94,21 @@ int Main(int argc, char** argv) {
   pipeline->add_option("--transport", pa.transport, "ucx-tcp, ucx-shm or grpc")
       ->capture_default_str();
 
+  EngineArgs ea;
+  CLI::App* engine = app.add_subcommand(
+      "engine", "expressions vs plain loops, parallel Map, fresh vs pre-built elements");
+  AddCommonOptions(engine, &ea.common);
+  engine->add_option("--transports", ea.transports, "ucx-shm, ucx-tcp, grpc (default by mode)")
+      ->delimiter(',');
+  engine->add_option("--shm_tls", ea.shm_tls, "UCX_TLS of ucx-shm")->capture_default_str();
+  engine->add_option("--workers", ea.workers, "worker processes for the fresh-element rows")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  engine->add_option("--work_us", ea.work_us, "CPU work per Map call, microseconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  engine->add_option("--seconds", ea.seconds, "timed pass per row (default 1 quick, 3 full)");
+
   // Internal: one measuring client (see the process model at the top).
   ClientOptions co;
   std::string out;
@@ -121,7 +139,9 @@ int Main(int argc, char** argv) {
     s = r.ok() ? WriteFile(out, FormatRecord(*r)) : r.status();
   } else {
     InstallChildCleanupOnSignal();
-    s = transport->parsed() ? RunTransport(ta, command) : RunPipeline(pa, command);
+    s = transport->parsed() ? RunTransport(ta, command)
+        : engine->parsed()  ? RunEngine(ea, command)
+                            : RunPipeline(pa, command);
   }
   if (!s.ok()) {
     std::fprintf(stderr, "sluice-perf: %s\n", s.ToString().c_str());

@@ -1,4 +1,4 @@
-// The two suites of sluice-perf (transport.cc, pipeline.cc) and what they
+// The suites of sluice-perf (transport.cc, pipeline.cc, engine.cc) and what they
 // share: locating the binaries, the transports under test, running one
 // measuring client in a child process, and finishing a report.
 #pragma once
@@ -112,5 +112,15 @@ struct PipelineArgs {
   std::string shm_tls = kDefaultShmTls;
 };
 absl::Status RunPipeline(const PipelineArgs& args, const std::string& command);
+
+struct EngineArgs {
+  CommonArgs common;
+  std::vector<std::string> transports;  // empty: by mode (ucx-shm; full: ucx-shm, ucx-tcp)
+  std::string shm_tls = kDefaultShmTls;
+  int workers = 2;
+  double work_us = 1000;  // perf_burn per call in the Map rows
+  double seconds = 0;     // 0: by mode
+};
+absl::Status RunEngine(const EngineArgs& args, const std::string& command);
 
 }  // namespace sluice::perf

@@ -42,7 +42,8 @@ constexpr int64_t kAutotuneSampleCalls = 16;
 // Parallel Map. The consumer's thread pulls the input (so input iterators
 // stay single-threaded) and keeps up to `parallelism` calls in flight on
 // the pool; it runs a call itself when no pool thread has taken it yet.
-// Memory: at most `parallelism` input elements and results held.
+// Memory: at most `parallelism` input elements and results held
+// (num_parallel_calls, or twice the pool's threads under kAutotune).
 // The destructor cancels calls not yet started and waits for running ones.
 class ParallelMapIterator : public UnaryIterator {
  public:
@@ -50,7 +51,9 @@ class ParallelMapIterator : public UnaryIterator {
       : UnaryIterator(std::move(a), std::move(in)), st_(std::make_shared<Shared>()) {
     const auto& m = node().map();
     autotune_ = m.num_parallel_calls() == kAutotune;
-    parallelism_ = ResolveParallelism(m.num_parallel_calls());
+    // kAutotune keeps twice the pool's threads in flight, so no thread
+    // idles while the consumer takes a result.
+    parallelism_ = ResolveParallelism(m.num_parallel_calls()) * (autotune_ ? 2 : 1);
     deterministic_ = !m.nondeterministic();
     st_->fn = a_->fn;
   }

@@ -1055,3 +1055,35 @@ TEST(BFloat16Test, MatchesReferenceOnRandomFloats) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Large blocks are recycled (outside sanitizer builds), and a recycled
+// block asked for zeroed is zeroed again.
+TEST(AllocateAlignedTest, LargeBlocksAreRecycledAndZeroedOnRequest) {
+  const size_t n = 3 * kRecycledBlockBytes + 100;
+  uint8_t* first;
+  {
+    std::shared_ptr<uint8_t> a = AllocateAligned(n, /*zeroed=*/false);
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.get()) % 64, 0u);
+    std::memset(a.get(), 0xff, n);
+    first = a.get();
+  }
+  std::shared_ptr<uint8_t> b = AllocateAligned(n);
+  ASSERT_NE(b, nullptr);
+  for (size_t i = 0; i < n; i += 4093) ASSERT_EQ(b.get()[i], 0) << i;
+  ASSERT_EQ(b.get()[n - 1], 0);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_EQ(b.get(), first);
+#else
+  (void)first;
+#endif
+  // Small blocks are plain allocations, zeroed by default.
+  std::shared_ptr<uint8_t> small = AllocateAligned(100);
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(small.get()[i], 0);
+}
+
+}  // namespace
+}  // namespace sluice
