@@ -105,6 +105,26 @@ TEST(PerfSmokeTest, PipelineReportsEachWorkerCount) {
   }
 }
 
+TEST(PerfSmokeTest, EngineReportsEachSection) {
+  const std::string json = Scratch("engine.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("engine --quick --seconds 0.2 --work_us 100 --json '", json,
+                                      "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  EXPECT_EQ(Rows(text, "\"expression\":\"x \\* 2.0f \\+ 1.0f\",.*\"anchor_ms\"").size(), 1u)
+      << text;
+  for (const char* calls : {"\"1\"", "\"2\"", "\"kAutotune\""}) {
+    auto rows = Rows(text, absl::StrCat("\"num_parallel_calls\":", calls, ",\"elements_per_s\""));
+    ASSERT_EQ(rows.size(), 1u) << calls << "\n" << text;
+  }
+  auto fresh = Rows(text, "\"transport\":\"ucx-shm\",\"prebuilt_gb_per_s\"");
+  ASSERT_EQ(fresh.size(), 1u) << text;
+  EXPECT_NE(fresh[0].find("fresh_gb_per_s"), std::string::npos);
+}
+
 TEST(PerfSmokeTest, BadArgumentsFailWithAMessage) {
   std::string out;
   EXPECT_NE(RunPerf("transport --transports carrier-pigeon --no_ceilings", &out), 0);
