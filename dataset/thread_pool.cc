@@ -59,7 +59,10 @@ class ThreadPool {
   void Configure(int threads, std::function<void()> init) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     target_ = std::max(1, threads);
-    if (init) init_ = std::move(init);
+    if (init) {
+      init_ = std::move(init);
+      ++init_generation_;  // threads already running apply it too
+    }
     StartThreadsLocked();
   }
   int Size() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -84,16 +87,17 @@ class ThreadPool {
   void StartThreadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (live_ < target_) {
       ++live_;
-      std::thread([this, init = init_] { Run(init); }).detach();
+      std::thread([this] { Run(); }).detach();
     }
   }
-  void Run(const std::function<void()>& init) ABSL_LOCKS_EXCLUDED(mu_) {
-    if (init) init();
-    auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !queue_.empty() || live_ > target_;
+  void Run() ABSL_LOCKS_EXCLUDED(mu_) {
+    int64_t generation = 0;  // of the init this thread applied (0: none)
+    auto has_work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !queue_.empty() || live_ > target_ || generation != init_generation_;
     };
     while (true) {
       std::shared_ptr<PoolTask> task;
+      std::function<void()> init;
       {
         absl::MutexLock l(&mu_);
         mu_.Await(absl::Condition(&has_work));
@@ -101,10 +105,16 @@ class ThreadPool {
           --live_;
           return;
         }
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        if (generation != init_generation_) {
+          generation = init_generation_;
+          init = init_;
+        } else {
+          task = std::move(queue_.front());
+          queue_.pop_front();
+        }
       }
-      task->TryRun();  // a waiter may have run it already
+      if (init) init();
+      if (task) task->TryRun();  // a waiter may have run it already
     }
   }
 
@@ -113,6 +123,7 @@ class ThreadPool {
   int target_ ABSL_GUARDED_BY(mu_) = 0;
   int live_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> init_ ABSL_GUARDED_BY(mu_);
+  int64_t init_generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -14,10 +14,11 @@
 
 namespace sluice {
 
-// Sets the pool's thread count (>= 1) and, optionally, a function each new
-// pool thread runs first (a worker pins its threads with it; empty keeps
-// the current one). Threads are added at once; surplus ones leave when
-// they finish their current work. Safe to call at any time.
+// Sets the pool's thread count (>= 1) and, optionally, a function every
+// pool thread runs before its next work, the threads already running
+// included (a worker pins the pool's threads with it; empty keeps the
+// current one). Threads are added at once; surplus ones leave when they
+// finish their current work. Safe to call at any time.
 void ConfigureThreadPool(int threads, std::function<void()> thread_init = {});
 // The pool's thread count (starting it when it was not yet).
 int ThreadPoolSize();

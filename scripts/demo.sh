@@ -5,7 +5,8 @@
 #     workers): Range(5).Map(x*x).Distribute(parallel_epochs).Map(x+1);
 #  3. two consumers sharing job "shared" over three iterations;
 #  4. the perf suite in quick mode (sluice-perf transport and pipeline, about a
-#     minute each; results in build/release/perf/*.json and *.png).
+#     minute each, and engine, under 30 s; results in build/release/perf/*.json
+#     and *.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -27,3 +28,4 @@ echo "== perf suite, quick (see perf/RESULTS.md for full runs)"
   --json build/release/perf/transport-quick.json --plot build/release/perf/transport-quick.png
 ./build/release/perf/sluice-perf pipeline --quick \
   --json build/release/perf/pipeline-quick.json --plot build/release/perf/pipeline-quick.png
+./build/release/perf/sluice-perf engine --quick --json build/release/perf/engine-quick.json

@@ -233,7 +233,14 @@ TEST(ThreadPoolTest, NestedParallelOpsOnOneThreadDoNotDeadlock) {
   EXPECT_EQ(ThreadPoolSize(), 3);
   EXPECT_EQ(internal::ResolveParallelism(kAutotune), 3);
   EXPECT_EQ(internal::ResolveParallelism(2), 2);
-  ConfigureThreadPool(AvailableCpus());
+  // A thread init reaches every thread, those already running included.
+  static std::atomic<int> inits{0};  // outlives any thread still applying it
+  ConfigureThreadPool(3, [] { inits++; });
+  for (int i = 0; i < 500 && inits.load() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(inits.load(), 3);
+  ConfigureThreadPool(AvailableCpus(), [] {});
   EXPECT_GE(AvailableCpus(), 1);
 }
 
