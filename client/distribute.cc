@@ -187,8 +187,17 @@ class DataServiceIterator final : public Iterator {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return !results_.empty() || !error_.ok() || DoneLocked();
     };
-    if (!ready() && results_.empty() && ReadAllLocked()) NudgeHeartbeatLocked();
-    mu_.Await(absl::Condition(&ready));
+    // Once everything was read, the end needs the dispatcher's word: cut
+    // the heartbeat's long poll short, also when the last reply or the
+    // finished state arrives while this call waits (else the end waited
+    // for the poll to run out, up to kHeartbeatWait).
+    auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return ready() || (!nudged_ && ReadAllLocked());
+    };
+    while (!ready()) {
+      if (ReadAllLocked()) NudgeHeartbeatLocked();
+      mu_.Await(absl::Condition(&wake));
+    }
     if (!results_.empty()) {
       std::vector<Element>& batch = results_.front();
       Element e = std::move(batch[next_in_batch_++]);

@@ -83,8 +83,20 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     return internal::RenderWorkerMetrics(m);
   }
 
-  std::shared_ptr<TaskRunner> FindTask(int64_t id) ABSL_LOCKS_EXCLUDED(mu) {
+  // The task, waiting until `deadline` for a heartbeat to deliver it: a
+  // client learns of a task (from the dispatcher) as soon as this worker
+  // does, sometimes sooner. Answering "not ready" at once would hold that
+  // client back while others, whose requests came a moment later, read the
+  // task's first elements (in a shared job: all of a small iteration).
+  std::shared_ptr<TaskRunner> AwaitTask(int64_t id, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu) {
     absl::MutexLock l(&mu);
+    auto known = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return tasks.count(id) > 0; };
+    // In slices, to notice Stop() (which notifies without the mutex).
+    while (!known() && !stopping.HasBeenNotified()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      mu.AwaitWithTimeout(absl::Condition(&known), std::min(left, absl::Milliseconds(20)));
+    }
     auto it = tasks.find(id);
     return it == tasks.end() ? nullptr : it->second;
   }
@@ -119,16 +131,15 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
 
   // Answers one element request (both data paths use this).
   absl::StatusOr<internal::ServedBatch> Serve(const ElementRequest& req) {
-    absl::Duration wait = std::clamp(req.wait, absl::ZeroDuration(), absl::Seconds(10));
-    std::shared_ptr<TaskRunner> task = FindTask(req.task_id);
-    if (task == nullptr) {
-      // The client may learn of a task before this worker's heartbeat
-      // delivers it: ask again shortly.
-      stopping.WaitForNotificationWithTimeout(std::min(wait, absl::Milliseconds(20)));
+    const absl::Time deadline =
+        absl::Now() + std::clamp(req.wait, absl::ZeroDuration(), absl::Seconds(10));
+    std::shared_ptr<TaskRunner> task = AwaitTask(req.task_id, deadline);
+    if (task == nullptr) {  // not (yet) delivered: the client asks again
       internal::ServedBatch out;
       out.not_ready = true;
       return out;
     }
+    const absl::Duration wait = std::max(absl::ZeroDuration(), deadline - absl::Now());
     task->Ack(req.acks);
     auto batch = task->def().num_consumers() > 0
                      ? task->GetRound(wait, req.consumer_index, req.round)
