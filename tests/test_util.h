@@ -1,7 +1,10 @@
 // Status-aware GoogleTest helpers shared by all sluice tests.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <future>
 #include <optional>
 #include <vector>
 
@@ -43,6 +46,18 @@
   } while (0)
 
 namespace sluice_test {
+
+// Runs `fn` on another thread and fails the test if it does not finish in
+// `limit` (a hang guard, not a performance check).
+template <typename F>
+auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  auto fut = std::async(std::launch::async, std::move(fn));
+  if (fut.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "hang: did not finish within " << limit.count() << " s";
+    std::abort();  // a hung call cannot be cancelled; stop the test binary
+  }
+  return fut.get();
+}
 
 inline absl::Status ToStatus(const absl::Status& s) { return s; }
 template <typename T>

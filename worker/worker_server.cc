@@ -212,7 +212,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     req.set_worker_address(address);
     req.set_transfer_address(transfer_address);
     req.set_transfer_protocol(transfer_protocol);
-    req.set_host_id(config.host_id.empty() ? internal::LocalHostId() : config.host_id);
+    req.set_host_id(config.host_id);
     req.set_wait_ms(absl::ToInt64Milliseconds(wait));
     grpc::ClientContext ctx;
     internal::SetTimeout(&ctx, deadline);
@@ -357,6 +357,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  if (impl->config.host_id.empty()) impl->config.host_id = internal::LocalHostId();
   if (hooks.ok()) {
     impl->bind_thread = hooks->bind_thread;
     impl->placement.allocate = hooks->allocate;

@@ -19,15 +19,18 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
+// The next input element through `fn`, on this thread.
+Result ApplyNext(Iterator& in, const CompiledFunction& fn) {
+  SLUICE_ASSIGN_OR_RETURN(auto e, in.Next());
+  if (!e) return End();
+  SLUICE_ASSIGN_OR_RETURN(Element out, fn.Apply(*e));
+  return Some(std::move(out));
+}
+
 class MapIterator : public UnaryIterator {
  public:
   using UnaryIterator::UnaryIterator;
-  Result Next() override {
-    SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
-    if (!e) return End();
-    SLUICE_ASSIGN_OR_RETURN(Element out, a_->fn->Apply(*e));
-    return Some(std::move(out));
-  }
+  Result Next() override { return ApplyNext(*in_, *a_->fn); }
 };
 
 // kAutotune: calls cheaper than this on average run on the consumer's
@@ -62,10 +65,11 @@ class ParallelMapIterator : public UnaryIterator {
     for (auto& c : window_) c->task->Wait();  // a queued call returns at once now
   }
 
+  // Once kAutotune chose to run calls here, what is in flight is delivered
+  // first, then the input is mapped on this thread.
   Result Next() override {
-    if (inline_) return InlineNext();
-    Fill();
-    if (window_.empty()) return Finish();
+    if (!inline_) Fill();
+    if (window_.empty()) return inline_ && !input_done_ ? ApplyNext(*in_, *a_->fn) : Finish();
     std::shared_ptr<Call> call;
     if (deterministic_) {
       call = window_.front();
@@ -174,24 +178,6 @@ class ParallelMapIterator : public UnaryIterator {
     if (st_->calls.load() < kAutotuneSampleCalls) return;
     decided_ = true;
     if (st_->call_ns.load() / st_->calls.load() < kInlineBelowNs) inline_ = true;
-  }
-
-  // kAutotune chose to run cheap calls here: first what is in flight, in
-  // order, then the input directly.
-  Result InlineNext() {
-    if (!window_.empty()) {
-      auto call = window_.front();
-      call->task->Wait();
-      window_.pop_front();
-      Result r = std::move(call->result);
-      if (!r.ok()) Stop();
-      return r;
-    }
-    if (input_done_) return Finish();
-    SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
-    if (!e) return End();
-    SLUICE_ASSIGN_OR_RETURN(Element out, a_->fn->Apply(*e));
-    return Some(std::move(out));
   }
 
   std::shared_ptr<Shared> st_;

@@ -20,6 +20,7 @@ namespace {
 
 using ::sluice_test::Collect;
 using ::sluice_test::CollectScalars;
+using ::sluice_test::WithHangGuard;
 using ::testing::ElementsAreArray;
 using ::testing::UnorderedElementsAreArray;
 using expr::x;
@@ -39,6 +40,17 @@ absl::StatusOr<Element> Jitter(const Element& in) {
 }
 SLUICE_REGISTER_UDF(test_jitter, Jitter, {.num_inputs = 1, .output_dtypes = {{DType::kInt64}}});
 
+// Element 0 waits (up to 10 s) for g_gate; the others pass at once.
+std::atomic<bool> g_gate{false};
+absl::StatusOr<Element> Gated(const Element& in) {
+  const int64_t v = in[0].at<int64_t>(0);
+  for (int i = 0; v == 0 && !g_gate.load() && i < 10000; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return Element{Tensor::Scalar<int64_t>(v)};
+}
+SLUICE_REGISTER_UDF(test_gated, Gated, {.num_inputs = 1, .output_dtypes = {{DType::kInt64}}});
+
 absl::StatusOr<Element> FailAtFifty(const Element& in) {
   const int64_t v = in[0].at<int64_t>(0);
   std::this_thread::sleep_for(std::chrono::microseconds((v * 31) % 5 * 100));
@@ -54,18 +66,6 @@ std::vector<int64_t> Squares(int64_t n) {
   return v;
 }
 
-// Runs `fn` on another thread and fails the test if it does not finish in
-// `limit` (a hang guard, not a performance check).
-template <typename F>
-auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  auto f = std::async(std::launch::async, std::move(fn));
-  if (f.wait_for(limit) != std::future_status::ready) {
-    ADD_FAILURE() << "hung for " << limit.count() << " s";
-    std::abort();
-  }
-  return f.get();
-}
-
 TEST(ParallelMapTest, DeterministicRunsGiveTheSequentialElementsInOrder) {
   for (int64_t calls : {int64_t{2}, int64_t{4}, kAutotune}) {
     Dataset ds = Dataset::Range(120).Map(Udf("test_jitter"), calls);
@@ -73,12 +73,16 @@ TEST(ParallelMapTest, DeterministicRunsGiveTheSequentialElementsInOrder) {
     ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(ds));
     EXPECT_THAT(v, ElementsAreArray(Squares(120))) << "num_parallel_calls " << calls;
   }
-  // Expressions too, and the definition says what was asked.
-  Dataset expr = Dataset::Range(1000).Map(x * 3 + 1, 3);
-  EXPECT_EQ(expr.def().root().map().num_parallel_calls(), 3);
-  ASSERT_OK_AND_ASSIGN(auto e, CollectScalars<int64_t>(expr));
-  ASSERT_EQ(e.size(), 1000u);
-  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(e[i], i * 3 + 1);
+  // Expressions too (under kAutotune these cheap calls move onto the
+  // consumer's thread after the first ones), and the definition says what
+  // was asked.
+  for (int64_t calls : {int64_t{3}, kAutotune}) {
+    Dataset expr = Dataset::Range(1000).Map(x * 3 + 1, calls);
+    EXPECT_EQ(expr.def().root().map().num_parallel_calls(), calls);
+    ASSERT_OK_AND_ASSIGN(auto e, CollectScalars<int64_t>(expr));
+    ASSERT_EQ(e.size(), 1000u);
+    for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(e[i], i * 3 + 1) << "num_parallel_calls " << calls;
+  }
   // num_parallel_calls = 1 is the sequential Map, with the same definition.
   EXPECT_EQ(Dataset::Range(5).Map(x + 1, 1).Fingerprint(), Dataset::Range(5).Map(x + 1).Fingerprint());
 }
@@ -87,9 +91,25 @@ TEST(ParallelMapTest, NondeterministicYieldsWhatIsReadyFirst) {
   Dataset ds = Dataset::Range(40).Map(Udf("test_jitter"), 4, /*deterministic=*/false);
   ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(ds));
   EXPECT_THAT(v, UnorderedElementsAreArray(Squares(40)));
-  // Element 0 takes 30 ms, the others under 1 ms: it is not first.
-  EXPECT_NE(v[0], 0);
-  // Deterministic waits for it.
+  // Element 0's call is held until another element was delivered: only a
+  // nondeterministic Map can deliver one (a deterministic one would wait
+  // out the gate's 10 s and yield 0 first).
+  g_gate = false;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(8).Map(Udf("test_gated"), 4, false).MakeIterator());
+  auto first = it->Next();
+  g_gate = true;
+  ASSERT_OK(first);
+  ASSERT_TRUE(first->has_value());
+  EXPECT_NE((**first)[0].at<int64_t>(0), 0);
+  std::vector<int64_t> rest{(**first)[0].at<int64_t>(0)};
+  while (true) {
+    auto e = it->Next();
+    ASSERT_OK(e);
+    if (!e->has_value()) break;
+    rest.push_back((**e)[0].at<int64_t>(0));
+  }
+  EXPECT_THAT(rest, UnorderedElementsAreArray({0, 1, 2, 3, 4, 5, 6, 7}));
+  // Deterministic keeps the input's order.
   ASSERT_OK_AND_ASSIGN(auto d, CollectScalars<int64_t>(Dataset::Range(40).Map(Udf("test_jitter"), 4)));
   EXPECT_EQ(d[0], 0);
 }

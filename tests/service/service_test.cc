@@ -30,21 +30,10 @@ namespace {
 
 using ::sluice_test::Collect;
 using ::sluice_test::CollectScalars;
+using ::sluice_test::WithHangGuard;
 using ::testing::ElementsAreArray;
 using ::testing::UnorderedElementsAreArray;
 using expr::x;
-
-// Runs `fn` on another thread and fails the test if it does not finish in
-// `limit` (a hang guard, not a performance check).
-template <typename F>
-auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  auto fut = std::async(std::launch::async, std::move(fn));
-  if (fut.wait_for(limit) != std::future_status::ready) {
-    ADD_FAILURE() << "hang: did not finish within " << limit.count() << " s";
-    std::abort();  // a hung call cannot be cancelled; stop the test binary
-  }
-  return fut.get();
-}
 
 // Reads `it` to the end (under a hang guard), appending int64 scalars;
 // an error fails the test.
@@ -228,21 +217,19 @@ TEST_P(ServiceTest, SharedJobNameSplitsEachIterationBetweenConsumers) {
   }
 }
 
-// Two consumers of a shared job, read in turn from one thread (next() on
-// each alternately): each gets a fair part of the iteration, in its
-// worker's order, and together they get every element exactly once (one
-// worker, parallel_epochs). A reply that took everything ready would leave
-// the second consumer (almost) nothing.
 // The seed's shared-job example: two consumer threads join each of three
-// iterations, then drain them at once. A consumer that has read everything
-// ends as soon as the dispatcher confirms the end; it used to wait for its
-// heartbeat's long poll to run out (up to 1 s), and the other consumer,
-// already in the next iteration, took all of it meanwhile.
+// iterations, then drain them. Each first takes one element and waits for
+// the other to hold one too: a consumer cannot prefetch a whole iteration
+// (at most max_outstanding_requests replies of its fair share), so the
+// other always gets elements, whatever the threads' scheduling. A consumer
+// that has read everything ends as soon as the dispatcher confirms the
+// end; it used to wait for its heartbeat's long poll to run out (up to
+// 1 s), while the other, already in the next iteration, took all of it.
 TEST_P(ServiceTest, SharedJobConsumersStartingTogetherBothGetElementsEveryIteration) {
   StartService(2);
   constexpr int kIterations = 3;
   std::vector<int64_t> got[2][kIterations];
-  std::barrier joined(2);
+  std::barrier joined(2), holding(2);
   const absl::Time start = absl::Now();
   WithHangGuard([&] {
     std::vector<std::thread> consumers;
@@ -251,17 +238,21 @@ TEST_P(ServiceTest, SharedJobConsumersStartingTogetherBothGetElementsEveryIterat
         Dataset ds = Dataset::Range(10).Distribute(Options("together"));
         for (int i = 0; i < kIterations; ++i) {
           auto it = ds.MakeIterator();
+          if (!it.ok()) ADD_FAILURE() << it.status();
           joined.arrive_and_wait();
-          if (!it.ok()) {
-            ADD_FAILURE() << it.status();
-            continue;
-          }
-          while (true) {
-            auto e = (*it)->Next();
-            if (!e.ok()) ADD_FAILURE() << e.status();
-            if (!e.ok() || !e->has_value()) break;
-            got[c][i].push_back((**e)[0].at<int64_t>(0));
-          }
+          // Reads one element (before the barrier) or the rest (after it).
+          auto read = [&](bool one) {
+            while (it.ok()) {
+              auto e = (*it)->Next();
+              if (!e.ok()) ADD_FAILURE() << e.status();
+              if (!e.ok() || !e->has_value()) return;
+              got[c][i].push_back((**e)[0].at<int64_t>(0));
+              if (one) return;
+            }
+          };
+          read(true);
+          holding.arrive_and_wait();
+          read(false);
         }
       });
     }
@@ -283,6 +274,11 @@ TEST_P(ServiceTest, SharedJobConsumersStartingTogetherBothGetElementsEveryIterat
   }
 }
 
+// Two consumers of a shared job, read in turn from one thread (next() on
+// each alternately): each gets a fair part of the iteration, in its
+// worker's order, and together they get every element exactly once (one
+// worker, parallel_epochs). A reply that took everything ready would leave
+// the second consumer (almost) nothing.
 TEST_P(ServiceTest, SharedJobConsumersReadingInTurnEachGetAFairShare) {
   StartService(1);
   constexpr int64_t kN = 400;
