@@ -10,6 +10,7 @@
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/element_spec.h"
 #include "sluice/dataset/expr.h"
+#include "sluice/dataset/image.h"
 #include "sluice/dataset/tfrecord.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/control/dispatch_server.h"

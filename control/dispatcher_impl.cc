@@ -1681,14 +1681,11 @@ bool DispatcherImpl::PlanSplitLocked(const Iteration& it, int64_t task_id, int64
     const int64_t begin = e.next_position;
     const int64_t end = p.files.empty() ? std::min(p.positions, begin + p.split_elements)
                                         : begin + 1;
-    if (p.files.empty()) {
-      def->set_begin(begin);
-      def->set_end(end);
-    } else {
-      def->set_begin(0);
-      def->set_end(1);
-      def->set_file(p.files[begin]);
-    }
+    // A file split carries its file and its position in the sorted list
+    // (what seeds random functions on its elements: SourceKey).
+    def->set_begin(begin);
+    def->set_end(end);
+    if (!p.files.empty()) def->set_file(p.files[begin]);
     assign->set_created(true);
     assign->set_next_position(end);
     return true;

@@ -124,7 +124,7 @@ absl::Status Tensor::ShapeMismatch(const TensorShape& shape, size_t count) {
                                                  count, " values were given"));
 }
 
-absl::StatusOr<Tensor> Tensor::Allocate(DType dtype, TensorShape shape) {
+absl::StatusOr<Tensor> Tensor::Allocate(DType dtype, TensorShape shape, bool zeroed) {
   if (dtype == DType::kString) {
     return absl::InvalidArgumentError(
         "Tensor::Allocate cannot allocate a string tensor; use MakeStringTensor");
@@ -138,7 +138,7 @@ absl::StatusOr<Tensor> Tensor::Allocate(DType dtype, TensorShape shape) {
         absl::StrCat("tensor of shape ", shape.ToString(), " is too large"));
   }
   size_t bytes = static_cast<size_t>(n) * width;
-  std::shared_ptr<uint8_t> mem = AllocateAligned(bytes);
+  std::shared_ptr<uint8_t> mem = AllocateAligned(bytes, zeroed);
   if (mem == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
   }

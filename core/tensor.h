@@ -57,8 +57,10 @@ class Tensor {
   // An empty float32 scalar-less placeholder; valid() is false.
   Tensor() = default;
 
-  // Allocates zeroed, 64-byte aligned storage for a numeric or bool tensor.
-  static absl::StatusOr<Tensor> Allocate(DType dtype, TensorShape shape);
+  // Allocates zeroed, 64-byte aligned storage for a numeric or bool tensor;
+  // zeroed = false leaves it uninitialized, for a caller that overwrites it
+  // entirely (a large output would otherwise be written twice).
+  static absl::StatusOr<Tensor> Allocate(DType dtype, TensorShape shape, bool zeroed = true);
   // Views `size` bytes at `data` without copying. `owner` keeps them alive
   // (it may be null for memory that outlives every view). The layout is
   // validated (size matches shape, string offsets are consistent).

@@ -3,6 +3,7 @@
 #include "sluice/dataset/dataset.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +36,12 @@ std::string ElementSpec::ToString() const {
 
 namespace internal {
 
+uint64_t ContextSeed(const proto::DatasetDef& def) {
+  if (def.has_seed()) return def.seed();
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
+}
+
 uint64_t Fnv1a64(const void* data, size_t n, uint64_t seed) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint64_t h = seed;
@@ -56,6 +63,9 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeNode(
   a->node = &node;
   a->inputs = std::move(inputs);
   a->sub = std::move(sub);
+  for (const auto& in : a->inputs) {
+    a->functions_below = std::max(a->functions_below, in->functions_below + (in->fn ? 1 : 0));
+  }
   SLUICE_RETURN_IF_ERROR(op->analyze(*a, placeholder));
   return std::shared_ptr<const Analysis>(std::move(a));
 }
@@ -102,6 +112,14 @@ Dataset Finish(proto::DatasetNode root, const std::vector<const Dataset*>& input
   auto def = std::make_shared<proto::DatasetDef>();
   def->set_version(1);
   *def->mutable_root() = std::move(root);
+  // The pipeline's seed carries on (Zip: the first input's that has one).
+  for (const Dataset* d : inputs) {
+    if (d->def().has_seed()) {
+      def->set_has_seed(true);
+      def->set_seed(d->def().seed());
+      break;
+    }
+  }
   std::vector<std::shared_ptr<const Analysis>> in;
   for (const Dataset* d : inputs) in.push_back(d->rep()->analysis);
   auto analysis = internal::AnalyzeNode(def, def->root(), std::move(in), std::move(sub), nullptr);
@@ -131,8 +149,10 @@ Dataset MakeErrorDataset(absl::Status s) { return ErrorDataset(std::move(s)); }
 Dataset MakeDataServiceDataset(proto::DatasetNode node, const Dataset* input) {
   if (input != nullptr && !input->status().ok()) return ErrorDataset(input->status());
   std::vector<const Dataset*> none;
-  return Finish(std::move(node), none,
-                input != nullptr ? input->rep()->analysis : nullptr);
+  Dataset d = Finish(std::move(node), none, input != nullptr ? input->rep()->analysis : nullptr);
+  // The seed applies to the steps after Distribute too.
+  if (input != nullptr && input->def().has_seed()) return d.WithSeed(input->def().seed());
+  return d;
 }
 }  // namespace internal
 
@@ -285,6 +305,17 @@ Dataset Dataset::Enumerate(int64_t start) const {
 }
 #undef SLUICE_UNARY_OP_
 
+Dataset Dataset::WithSeed(uint64_t seed) const {
+  if (!status().ok()) return ErrorDataset(status());
+  auto def = std::make_shared<proto::DatasetDef>(this->def());
+  def->set_has_seed(true);
+  def->set_seed(seed);
+  auto rep = std::make_shared<Rep>();
+  rep->def = std::move(def);
+  rep->analysis = rep_->analysis;  // the same nodes (kept alive by it)
+  return Dataset(std::move(rep));
+}
+
 Dataset Dataset::Interleave(const std::function<Dataset(const Dataset&)>& fn,
                             int64_t cycle_length, int64_t block_length,
                             int64_t num_parallel_calls) const {
@@ -374,6 +405,7 @@ absl::StatusOr<std::unique_ptr<Iterator>> Dataset::MakeIterator() const {
   SLUICE_RETURN_IF_ERROR(status());
   internal::IteratorContext ctx;
   ctx.salt = rep_->iterations.fetch_add(1);
+  ctx.seed = internal::ContextSeed(def());
   return internal::MakeNodeIterator(rep_->analysis, ctx);
 }
 

@@ -44,6 +44,11 @@ class Iterator {
   // The next element, std::nullopt at end of input, or an error. After an
   // error or the end, further calls keep returning the same outcome.
   virtual absl::StatusOr<std::optional<Element>> Next() = 0;
+  // Where the element the last Next() returned came from: a key derived
+  // from its position in the pipeline's source and its epoch, when every
+  // op on the way keeps that tie (docs/datasets.md, "Randomness"); random
+  // functions seed from it. nullopt when not kept.
+  virtual std::optional<uint64_t> ElementKey() const { return std::nullopt; }
 };
 
 // num_parallel_calls or Prefetch's buffer_size chosen by sluice, as
@@ -133,6 +138,13 @@ class Dataset {
                      int64_t block_length = 1, int64_t num_parallel_calls = 1) const;
   // Prepends an int64 scalar counter component.
   Dataset Enumerate(int64_t start = 0) const;
+  // The pipeline's seed: random functions (image.h) of every Map in it,
+  // before and after this call, draw from it, the element's position in
+  // its source and the function's place in the pipeline, so the same seed
+  // gives the same elements whatever the number of workers or threads
+  // (docs/datasets.md, "Randomness"). Without a seed every iterator draws
+  // a random one. Carried through later steps and Distribute.
+  Dataset WithSeed(uint64_t seed) const;
 
   // ---- the service (implemented by the client library, client/distribute.h) ----
   // Everything before Distribute runs on the service's workers; the

@@ -27,6 +27,10 @@ struct Analysis {
   int64_t cardinality = kUnknownCardinality;
   std::vector<std::shared_ptr<const Analysis>> inputs;
   std::shared_ptr<const CompiledFunction> fn;  // Map, Filter
+  // How many functions (Map, Filter) run before this node's, on the way
+  // from the source: its random calls mix it into their seeds, so that two
+  // Maps of the same function draw differently.
+  int64_t functions_below = 0;
   std::shared_ptr<const Analysis> sub;         // Interleave's per-element dataset
   std::vector<Element> elements;               // FromTensors, decoded once
   // DataService: counts the iterators created, so each is the next
@@ -65,8 +69,8 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeTree(
 // source, handed out by the dispatcher.
 struct Split {
   int64_t id = 0;
-  int64_t begin = 0, end = 0;  // Range / FromTensors source positions [begin, end)
-  std::string file;            // ListFiles: the split's one file
+  int64_t begin = 0, end = 0;  // source positions [begin, end)
+  std::string file;            // ListFiles: the split's one file, at position begin
 };
 
 // Where a pipeline's split source (the one Range, FromTensors or ListFiles
@@ -90,6 +94,7 @@ class SplitSource {
 
 struct IteratorContext {
   uint64_t salt = 0;                    // varies shuffles per iteration and epoch
+  uint64_t seed = 0;                    // the pipeline's (ContextSeed): random functions' seeds
   const Element* placeholder = nullptr;  // the element a Placeholder yields
   // Non-null: the pipeline's source reads splits from here (not inherited
   // by Interleave's per-element datasets).
@@ -153,6 +158,29 @@ bool ContainsShardHint(const proto::DatasetNode& root);
 
 absl::StatusOr<std::unique_ptr<Iterator>> MakeNodeIterator(
     std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx);
+
+// Mixes two 64-bit values (seeds and salts of shuffles per epoch/element, random functions' seeds).
+inline uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+// The key (Iterator::ElementKey) of the element at `position` of a source
+// in `epoch`, and a key carried into a later epoch by Repeat: a local
+// source under Repeat and a split source in that epoch give the same.
+inline uint64_t EpochKey(uint64_t key, int64_t epoch) {
+  return epoch == 0 ? key : Mix(key, static_cast<uint64_t>(epoch));
+}
+inline uint64_t SourceKey(int64_t epoch, int64_t position) {
+  return EpochKey(Mix(0x5eed5eed5eed5eedull, static_cast<uint64_t>(position)), epoch);
+}
+
+// The seed of an iterator of `def`: its seed (Dataset::WithSeed), else a
+// random one.
+uint64_t ContextSeed(const proto::DatasetDef& def);
 
 // Stable 64-bit FNV-1a.
 uint64_t Fnv1a64(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325ull);

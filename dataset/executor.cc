@@ -21,7 +21,8 @@ class SplitReaderIterator : public NodeIterator {
   Result Next() override {
     while (true) {
       if (split_ && pos_ < split_->end) {
-        SLUICE_ASSIGN_OR_RETURN(Element e, traits_->element_at(*a_, *split_, pos_++));
+        SLUICE_ASSIGN_OR_RETURN(Element e, traits_->element_at(*a_, *split_, pos_));
+        key_ = SourceKey(epoch_, pos_++);
         return Some(std::move(e));
       }
       SLUICE_ASSIGN_OR_RETURN(split_, splits_->Next(epoch_));
@@ -29,6 +30,7 @@ class SplitReaderIterator : public NodeIterator {
       pos_ = split_->begin;
     }
   }
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   const SplitSourceTraits* const traits_;
@@ -36,6 +38,7 @@ class SplitReaderIterator : public NodeIterator {
   const int64_t epoch_;
   std::optional<Split> split_;
   int64_t pos_ = 0;
+  std::optional<uint64_t> key_;
 };
 
 // Makes the outcome after an error or the end repeat on later calls.
@@ -50,6 +53,9 @@ class StickyIterator : public Iterator {
       in_.reset();
     }
     return r;
+  }
+  std::optional<uint64_t> ElementKey() const override {
+    return in_ != nullptr ? in_->ElementKey() : std::nullopt;
   }
 
  private:

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "dataset/dataset.pb.h"
 #include "sluice/core/status.h"
+#include "sluice/dataset/dataset_internal.h"
 #include "sluice/dataset/expr.h"
+#include "sluice/dataset/expr_functions_internal.h"
 #include "sluice/dataset/expr_internal.h"
 #include "sluice/dataset/expr_kernels_internal.h"
 #include "sluice/dataset/udf.h"
@@ -373,14 +375,22 @@ struct CompiledFunction::Node {
   int op = 0;
   DType cast_to = DType::kFloat32;
   std::unique_ptr<Node> a, b;
+  // kCall: the function, its attributes (args cleared), its arguments and
+  // its index among the function's calls (for its seed).
+  const ExprFunction* function = nullptr;
+  proto::Expr::Call call;
+  std::vector<std::unique_ptr<Node>> args;
+  int call_index = 0;
 };
 
 namespace {
 
 using Node = CompiledFunction::Node;
 
+struct CallStep;
+
 struct Step {
-  enum class Kind : uint8_t { kComponent, kConstant, kKernel };
+  enum class Kind : uint8_t { kComponent, kConstant, kKernel, kCall };
   Kind kind = Kind::kConstant;
   DType dtype = DType::kFloat32;  // of the step's result
   int component = -1;             // kComponent: -1 for the only component
@@ -389,6 +399,7 @@ struct Step {
   absl::string_view name;         // kKernel: the expression op, for errors
   int a = -1, b = -1;             // kKernel: operand steps (b only for binary ops)
   int slot = -1;                  // kKernel: its block temporary (none for the result)
+  std::shared_ptr<const CallStep> call;  // kCall; its result is a whole tensor
 };
 
 struct Program {
@@ -401,8 +412,25 @@ struct Program {
   bool complete = false;
 };
 
+// A call of a named function: each argument is a program of its own, run
+// first; the call's result then enters the elementwise steps as a
+// component does.
+struct CallStep {
+  const ExprFunction* function = nullptr;
+  const proto::Expr::Call* attrs = nullptr;  // the Node's, alive as long as the program
+  std::vector<Program> args;
+  bool encoded_input = false;  // args[0] is the bytes of an image.decode it took over
+  uint64_t salt = 0;           // the call's place in its function: mixed into its seed
+};
+
+// What one element's evaluation shares across its outputs and calls.
+struct RunContext {
+  uint64_t seed = 0;   // the element's seed (random calls mix in their salt)
+  std::string origin;  // the file the element's bytes came from, once read
+};
+
 absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::string_view op,
-                                                int depth) {
+                                                int depth, int* calls) {
   if (depth > 256) return ExprError(op, "expr", "expression nests deeper than 256 levels");
   auto n = std::make_unique<Node>();
   n->kind = e.kind_case();
@@ -428,7 +456,7 @@ absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::stri
       if (n->op != proto::NEG && n->op != proto::LOGICAL_NOT && n->op != proto::ABS) {
         return ExprError(op, "unary", absl::StrCat("unknown unary op ", n->op));
       }
-      SLUICE_ASSIGN_OR_RETURN(n->a, BuildNode(e.unary().operand(), op, depth + 1));
+      SLUICE_ASSIGN_OR_RETURN(n->a, BuildNode(e.unary().operand(), op, depth + 1, calls));
       break;
     }
     case proto::Expr::kBinary: {
@@ -436,8 +464,8 @@ absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::stri
       if (!IsArith(n->op) && !IsCompare(n->op) && !IsLogical(n->op)) {
         return ExprError(op, "binary", absl::StrCat("unknown binary op ", n->op));
       }
-      SLUICE_ASSIGN_OR_RETURN(n->a, BuildNode(e.binary().lhs(), op, depth + 1));
-      SLUICE_ASSIGN_OR_RETURN(n->b, BuildNode(e.binary().rhs(), op, depth + 1));
+      SLUICE_ASSIGN_OR_RETURN(n->a, BuildNode(e.binary().lhs(), op, depth + 1, calls));
+      SLUICE_ASSIGN_OR_RETURN(n->b, BuildNode(e.binary().rhs(), op, depth + 1, calls));
       break;
     }
     case proto::Expr::kCast: {
@@ -445,7 +473,27 @@ absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::stri
         return ExprError(op, "cast", absl::StrCat("invalid target dtype ", e.cast().dtype()));
       }
       n->cast_to = static_cast<DType>(e.cast().dtype());
-      SLUICE_ASSIGN_OR_RETURN(n->a, BuildNode(e.cast().operand(), op, depth + 1));
+      SLUICE_ASSIGN_OR_RETURN(n->a, BuildNode(e.cast().operand(), op, depth + 1, calls));
+      break;
+    }
+    case proto::Expr::kCall: {
+      n->function = FindExprFunction(e.call().function());
+      if (n->function == nullptr) {
+        return ExprError(op, "call", absl::StrCat("unknown function '", e.call().function(), "'"));
+      }
+      if (e.call().args_size() != n->function->num_args) {
+        return ExprError(op, n->function->name,
+                         absl::StrCat("takes ", n->function->num_args, " argument",
+                                      n->function->num_args == 1 ? "" : "s", "; got ",
+                                      e.call().args_size()));
+      }
+      n->call = e.call();
+      n->call.clear_args();
+      n->call_index = (*calls)++;
+      for (const proto::Expr& arg : e.call().args()) {
+        SLUICE_ASSIGN_OR_RETURN(auto a, BuildNode(arg, op, depth + 1, calls));
+        n->args.push_back(std::move(a));
+      }
       break;
     }
     case proto::Expr::KIND_NOT_SET:
@@ -454,47 +502,76 @@ absl::StatusOr<std::unique_ptr<Node>> BuildNode(const proto::Expr& e, absl::stri
   return n;
 }
 
-// A numeric tensor the caller overwrites entirely: unlike Tensor::Allocate
-// it is not zeroed first, which for a large output would be an extra pass
-// over memory.
 absl::StatusOr<Tensor> AllocateForOverwrite(DType dtype, const TensorShape& shape) {
-  const size_t bytes = static_cast<size_t>(shape.num_elements()) * DTypeSize(dtype);
-  std::shared_ptr<uint8_t> mem = AllocateAligned(bytes, /*zeroed=*/false);
-  if (mem == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
-  }
-  uint8_t* data = mem.get();
-  return Tensor::View(dtype, shape, data, bytes, std::move(mem));
+  return Tensor::Allocate(dtype, shape, /*zeroed=*/false);
 }
 
 int ComponentIndex(const Step& s) { return s.component < 0 ? 0 : s.component; }
 
+absl::StatusOr<Tensor> Run(const Program& p, const Element& in, absl::string_view op,
+                           RunContext& rc);
+
+// Runs call `c` on `in`: its arguments, then the function. Errors name the
+// op, the function and, once read, the file.
+absl::StatusOr<Tensor> RunCall(const CallStep& c, DType dtype, const Element& in,
+                               absl::string_view op, RunContext& rc) {
+  std::vector<Tensor> args;
+  args.reserve(c.args.size());
+  for (const Program& a : c.args) {
+    SLUICE_ASSIGN_OR_RETURN(Tensor t, Run(a, in, op, rc));
+    args.push_back(std::move(t));
+  }
+  CallContext ctx;
+  ctx.seed = c.function->random ? Mix(rc.seed, c.salt) : 0;
+  ctx.encoded_input = c.encoded_input;
+  ctx.origin = &rc.origin;
+  absl::StatusOr<Tensor> r = c.function->run(*c.attrs, args, ctx);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat(op, ": ", c.function->name, ": ",
+                                     rc.origin.empty() ? "" : absl::StrCat(rc.origin, ": "),
+                                     r.status().message()));
+  }
+  if (!r->valid() || r->dtype() != dtype) {
+    return absl::InternalError(absl::StrCat(op, ": ", c.function->name,
+                                            ": returned a tensor of another dtype than inferred"));
+  }
+  return r;
+}
+
 // Runs a complete program on `in`, whose components have the dtypes the
 // program was lowered for (Matches). Checks the shapes, which may have been
 // unknown when it was lowered.
-absl::StatusOr<Tensor> Run(const Program& p, const Element& in, absl::string_view op) {
+absl::StatusOr<Tensor> Run(const Program& p, const Element& in, absl::string_view op,
+                           RunContext& rc) {
   const int num_steps = static_cast<int>(p.steps.size());
   const Step& result = p.steps.back();
   if (result.kind == Step::Kind::kComponent) return in[ComponentIndex(result)];
   if (result.kind == Step::Kind::kConstant) return result.constant;
+  if (result.kind == Step::Kind::kCall) return RunCall(*result.call, result.dtype, in, op, rc);
 
-  // Shapes, and the data of inputs (components and constants).
+  // Shapes, and the data of inputs (components, call results, constants).
   absl::InlinedVector<const TensorShape*, 16> shape(num_steps);
   absl::InlinedVector<const uint8_t*, 16> data(num_steps, nullptr);
-  absl::InlinedVector<Tensor, 2> realigned;  // copies of misaligned components
+  absl::InlinedVector<Tensor, 16> held(num_steps);  // call results, misaligned inputs' copies
   for (int i = 0; i < num_steps; ++i) {
     const Step& s = p.steps[i];
     switch (s.kind) {
-      case Step::Kind::kComponent: {
-        const Tensor& t = in[ComponentIndex(s)];
+      case Step::Kind::kComponent:
+      case Step::Kind::kCall: {
+        if (s.kind == Step::Kind::kCall) {
+          SLUICE_ASSIGN_OR_RETURN(held[i], RunCall(*s.call, s.dtype, in, op, rc));
+        }
+        const Tensor& t = s.kind == Step::Kind::kCall ? held[i] : in[ComponentIndex(s)];
         shape[i] = &t.shape();
         data[i] = t.data();
         if (reinterpret_cast<uintptr_t>(t.data()) % DTypeSize(s.dtype) != 0) {
           // A view at an odd offset: the kernels need aligned values.
           SLUICE_ASSIGN_OR_RETURN(Tensor copy, AllocateForOverwrite(s.dtype, t.shape()));
           if (t.byte_size() > 0) std::memcpy(copy.mutable_data(), t.data(), t.byte_size());
-          data[i] = copy.data();
-          realigned.push_back(std::move(copy));
+          held[i] = std::move(copy);  // `t` may have been held[i]: copied already
+          shape[i] = &held[i].shape();
+          data[i] = held[i].data();
         }
         break;
       }
@@ -588,7 +665,8 @@ Tensor Fold(Program& p, int i, absl::string_view op) {
   k.a = 0;
   k.b = s.b >= 0 ? 1 : -1;
   sub.steps.push_back(std::move(k));
-  auto v = Run(sub, Element{}, op);
+  RunContext rc;
+  auto v = Run(sub, Element{}, op, rc);
   if (!v.ok()) return Tensor();
   Step c;
   c.kind = Step::Kind::kConstant;
@@ -654,11 +732,69 @@ struct Lowered {
   int step = -1;
 };
 
+absl::StatusOr<Program> LowerOutput(const Node& root, const ElementSpec& in,
+                                    absl::string_view op, TypeInfo* info);
+
+// Lowers call node `n`: each argument into a program of its own, the call
+// into one step. A function that takes encoded input, called on
+// image.decode(bytes), is given the bytes (checked as the decode would).
+absl::StatusOr<Lowered> LowerCall(const Node& n, const ElementSpec& in, absl::string_view op,
+                                  Program& p) {
+  auto c = std::make_shared<CallStep>();
+  c->function = n.function;
+  c->attrs = &n.call;
+  c->salt = static_cast<uint64_t>(n.call_index);
+  std::vector<const Node*> args;
+  for (const auto& a : n.args) args.push_back(a.get());
+  const Node* decode = nullptr;
+  if (n.function->takes_encoded_input && args[0]->kind == proto::Expr::kCall &&
+      args[0]->function->name == kDecodeFunction) {
+    decode = args[0];
+    args[0] = decode->args[0].get();
+    c->encoded_input = true;
+  }
+  bool complete = true;
+  std::vector<ComponentSpec> specs;
+  for (const Node* a : args) {
+    TypeInfo t;
+    SLUICE_ASSIGN_OR_RETURN(Program ap, LowerOutput(*a, in, op, &t));
+    complete = complete && ap.complete;
+    specs.push_back(ComponentSpec{t.dtype, t.shape});
+    c->args.push_back(std::move(ap));
+  }
+  auto infer = [&](const Node& call, const std::vector<ComponentSpec>& s)
+      -> absl::StatusOr<ComponentSpec> {
+    absl::StatusOr<ComponentSpec> r = call.function->infer(call.call, s);
+    if (!r.ok()) return ExprError(op, call.function->name, r.status().message());
+    if (!r->dtype) {
+      return absl::InternalError(absl::StrCat(op, ": ", call.function->name, ": no result dtype"));
+    }
+    return r;
+  };
+  if (decode != nullptr) {
+    SLUICE_ASSIGN_OR_RETURN(specs[0], infer(*decode, {specs[0]}));
+  }
+  SLUICE_ASSIGN_OR_RETURN(ComponentSpec r, infer(n, specs));
+  TypeInfo t;
+  t.dtype = r.dtype;
+  t.shape = r.shape;
+  if (!complete) return Lowered{std::move(t), -1};
+  Step s;
+  s.kind = Step::Kind::kCall;
+  s.dtype = *r.dtype;
+  s.name = n.function->name;
+  s.call = std::move(c);
+  p.steps.push_back(std::move(s));
+  return Lowered{std::move(t), static_cast<int>(p.steps.size()) - 1};
+}
+
 // Type-checks `n` against `in` (the errors of a definition) and appends its
 // steps to `p`.
 absl::StatusOr<Lowered> Lower(const Node& n, const ElementSpec& in, absl::string_view op,
                               Program& p) {
   switch (n.kind) {
+    case proto::Expr::kCall:
+      return LowerCall(n, in, op, p);
     case proto::Expr::kComponent: {
       SLUICE_ASSIGN_OR_RETURN(TypeInfo t, ComponentInfo(n.index, in, op));
       if (!t.dtype) return Lowered{std::move(t), -1};
@@ -771,6 +907,12 @@ absl::StatusOr<Program> LowerOutput(const Node& root, const ElementSpec& in,
 // Whether `in` has the components, with the dtypes, `p` was lowered for.
 bool Matches(const Program& p, const Element& in) {
   for (const Step& s : p.steps) {
+    if (s.kind == Step::Kind::kCall) {
+      for (const Program& a : s.call->args) {
+        if (!Matches(a, in)) return false;
+      }
+      continue;
+    }
     if (s.kind != Step::Kind::kComponent) continue;
     if (s.component == -1 ? in.size() != 1 : s.component >= static_cast<int>(in.size())) {
       return false;
@@ -778,6 +920,17 @@ bool Matches(const Program& p, const Element& in) {
     if (in[ComponentIndex(s)].dtype() != s.dtype) return false;
   }
   return true;
+}
+
+bool HasRandomCall(const Node& n) {
+  if (n.function != nullptr && n.function->random) return true;
+  for (const Node* c : {n.a.get(), n.b.get()}) {
+    if (c != nullptr && HasRandomCall(*c)) return true;
+  }
+  for (const auto& c : n.args) {
+    if (HasRandomCall(*c)) return true;
+  }
+  return false;
 }
 
 ElementSpec SpecOf(const Element& e) {
@@ -834,9 +987,11 @@ absl::StatusOr<std::shared_ptr<const CompiledFunction>> CompiledFunction::Compil
   if (fn.outputs_size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": function has no outputs"));
   }
+  int calls = 0;
   for (const proto::Expr& e : fn.outputs()) {
     Output out;
-    SLUICE_ASSIGN_OR_RETURN(out.node, BuildNode(e, op, 0));
+    SLUICE_ASSIGN_OR_RETURN(out.node, BuildNode(e, op, 0, &calls));
+    f->random_ = f->random_ || HasRandomCall(*out.node);
     TypeInfo t;
     SLUICE_ASSIGN_OR_RETURN(out.program, LowerOutput(*out.node, input, op, &t));
     // A bare literal output materializes as its int64/float64 constant.
@@ -846,7 +1001,7 @@ absl::StatusOr<std::shared_ptr<const CompiledFunction>> CompiledFunction::Compil
   return std::shared_ptr<const CompiledFunction>(std::move(f));
 }
 
-absl::StatusOr<Element> CompiledFunction::Apply(const Element& input) const {
+absl::StatusOr<Element> CompiledFunction::Apply(const Element& input, uint64_t seed) const {
   if (udf_ != nullptr) {
     const auto* e = static_cast<const UdfEntry*>(udf_);
     int arity = e->signature.num_inputs;
@@ -880,6 +1035,8 @@ absl::StatusOr<Element> CompiledFunction::Apply(const Element& input) const {
   }
   Element out;
   out.reserve(outputs_.size());
+  RunContext rc;
+  rc.seed = seed;
   for (const Output& o : outputs_) {
     const Program* program = &o.program;
     Program relowered;
@@ -892,7 +1049,7 @@ absl::StatusOr<Element> CompiledFunction::Apply(const Element& input) const {
       }
       program = &relowered;
     }
-    SLUICE_ASSIGN_OR_RETURN(Tensor t, Run(*program, input, op_));
+    SLUICE_ASSIGN_OR_RETURN(Tensor t, Run(*program, input, op_, rc));
     out.push_back(std::move(t));
   }
   return out;

@@ -29,7 +29,12 @@ class CompiledFunction {
   ~CompiledFunction();
 
   const ElementSpec& output_spec() const { return output_spec_; }
-  absl::StatusOr<Element> Apply(const Element& input) const;
+  // `seed` seeds the random functions (expr_functions_internal.h) on this
+  // element: the op derives it from the pipeline's seed and the element's
+  // key (Iterator::ElementKey).
+  absl::StatusOr<Element> Apply(const Element& input, uint64_t seed = 0) const;
+  // Whether it calls a random function (so that its op needs a seed).
+  bool random() const { return random_; }
 
   struct Node;    // an expression tree node, as parsed
   struct Output;  // its tree and the program it is lowered to (expr.cc)
@@ -40,6 +45,7 @@ class CompiledFunction {
   ElementSpec output_spec_;
   std::vector<Output> outputs_;
   const void* udf_ = nullptr;  // const UdfEntry*
+  bool random_ = false;
 };
 
 }  // namespace sluice::internal

@@ -40,6 +40,13 @@ class Cluster {
   std::string target() const { return dispatcher_->target(); }
   // Fails if a worker has exited (it should serve until killed).
   absl::Status CheckWorkersAlive();
+  // The worker processes' ids (-1 for one already reaped), to read their
+  // CPU time and peak RSS from /proc.
+  std::vector<int> worker_pids() const {
+    std::vector<int> pids;
+    for (const auto& w : workers_) pids.push_back(w->pid());
+    return pids;
+  }
 
  private:
   Cluster() = default;

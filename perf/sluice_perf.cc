@@ -3,6 +3,7 @@
 //   sluice-perf transport [--quick] [--json out.json] [--plot out.png]
 //   sluice-perf pipeline  [--quick] [--json out.json] [--plot out.png]
 //   sluice-perf engine    [--quick] [--json out.json]
+//   sluice-perf images    [--quick] [--corpus DIR] [--json out.json]
 //
 // transport: one client pulls pre-built elements (perf_payload) of each size
 // from worker processes over ucx (UCX_TLS=tcp), ucx (shared memory) and
@@ -13,6 +14,9 @@
 // worker processes and several max_outstanding_requests.
 // engine: expressions vs plain loops, Map with num_parallel_calls 1, 2 and
 // kAutotune, and fresh vs pre-built 16 MiB elements from worker processes.
+// images: the ImageNet-style JPEG pipeline (image.h) locally and through
+// Distribute, next to torchvision's DataLoader on the same corpus:
+// images/s, CPU per image and peak RSS summed over every process.
 //
 // Process model. UCX reads UCX_TLS once, when the process creates its UCX
 // context, and the client keeps one context per process. So every client
@@ -54,7 +58,8 @@ void AddCommonOptions(CLI::App* app, CommonArgs* c) {
 }
 
 int Main(int argc, char** argv) {
-  CLI::App app{"sluice-perf: the sluice perf suite (transport ceilings and pipeline scaling)"};
+  CLI::App app{
+      "sluice-perf: the sluice perf suite (transport ceilings, pipeline scaling, engine, images)"};
   app.require_subcommand(1);
 
   TransportArgs ta;
@@ -109,6 +114,59 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   engine->add_option("--seconds", ea.seconds, "timed pass per row (default 1 quick, 3 full)");
 
+  ImagesArgs ia;
+  ia.common.task_buffer_elements = 2;  // batches of 38 MiB: as DataLoader's prefetch_factor
+  CLI::App* images = app.add_subcommand(
+      "images", "JPEG decode + augment pipeline: sluice local, distributed, torch DataLoader");
+  AddCommonOptions(images, &ia.common);
+  images->add_option("--corpus", ia.corpus,
+                     "image folder (DIR/<class>/<image>.jpg) to read; made there when missing or "
+                     "empty (default: a corpus cached under $TMPDIR)");
+  images->add_option("--images", ia.images, "images of the corpus made (default 128 quick, 1024)")
+      ->check(CLI::PositiveNumber);
+  images->add_option("--classes", ia.classes, "classes of the corpus made (default 10)")
+      ->check(CLI::PositiveNumber);
+  images->add_option("--workers", ia.workers, "worker counts of the distribute rows, e.g. 1,2")
+      ->delimiter(',')
+      ->capture_default_str();
+  images->add_option("--torch_workers", ia.torch_workers, "DataLoader num_workers values, e.g. 0,2")
+      ->delimiter(',')
+      ->capture_default_str();
+  images->add_option("--batch", ia.batch, "batch size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  images->add_option("--seed", ia.seed, "pipeline and corpus seed")->capture_default_str();
+  images->add_option("--seconds", ia.seconds,
+                     "timed passes per row last at least this long (whole passes, at least one; "
+                     "default 1 quick, 3)");
+  images->add_option("--transport", ia.transport, "ucx-shm, ucx-tcp or grpc")
+      ->capture_default_str();
+  images->add_option("--shm_tls", ia.shm_tls, "UCX_TLS of ucx-shm")->capture_default_str();
+  images->add_option("--max_outstanding_requests", ia.max_outstanding,
+                     "the distribute client's max_outstanding_requests")
+      ->capture_default_str();
+  images->add_option("--python", ia.python, "python with torch and torchvision")
+      ->capture_default_str();
+  images->add_option("--torch_script", ia.torch_script,
+                     "torch_images.py (default: next to sluice-perf or in the source tree)");
+  images->add_option("--corpus_tool", ia.corpus_tool,
+                     "sluice-make-jpeg-corpus (default: next to sluice-perf or in the build tree)");
+
+  // Internal: one sluice row of `images` (see images.cc).
+  ImagesClientOptions io;
+  std::string images_out;
+  CLI::App* images_client = app.add_subcommand("images-client", "");
+  images_client->group("");
+  images_client->add_option("--corpus", io.corpus)->required();
+  images_client->add_option("--batch", io.batch);
+  images_client->add_option("--seed", io.seed);
+  images_client->add_option("--service", io.service);
+  images_client->add_option("--protocol", io.protocol);
+  images_client->add_option("--max_outstanding_requests", io.max_outstanding);
+  images_client->add_option("--worker_pids", io.worker_pids)->delimiter(',');
+  images_client->add_option("--min_seconds", io.min_seconds);
+  images_client->add_option("--out", images_out)->required();
+
   // Internal: one measuring client (see the process model at the top).
   ClientOptions co;
   std::string out;
@@ -137,10 +195,14 @@ int Main(int argc, char** argv) {
   if (client->parsed()) {
     absl::StatusOr<Record> r = RunClient(co);
     s = r.ok() ? WriteFile(out, FormatRecord(*r)) : r.status();
+  } else if (images_client->parsed()) {
+    absl::StatusOr<Record> r = RunImagesClient(io);
+    s = r.ok() ? WriteFile(images_out, FormatRecord(*r)) : r.status();
   } else {
     InstallChildCleanupOnSignal();
     s = transport->parsed() ? RunTransport(ta, command)
         : engine->parsed()  ? RunEngine(ea, command)
+        : images->parsed()  ? RunImages(ia, command)
                             : RunPipeline(pa, command);
   }
   if (!s.ok()) {

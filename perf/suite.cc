@@ -25,8 +25,6 @@ std::string SelfPath() {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
-namespace {
-
 std::string SelfDir() {
   std::string p = SelfPath();
   return p.substr(0, p.rfind('/'));
@@ -49,7 +47,6 @@ absl::StatusOr<std::string> Locate(const std::string& what, const std::string& f
                                           absl::StrJoin(candidates, ", "), "); pass ", flag_name));
 }
 
-}  // namespace
 
 absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
                                         const std::string& plugin_flag) {

@@ -1,4 +1,4 @@
-// The suites of sluice-perf (transport.cc, pipeline.cc, engine.cc) and what they
+// The suites of sluice-perf (transport.cc, pipeline.cc, engine.cc, images.cc) and what they
 // share: locating the binaries, the transports under test, running one
 // measuring client in a child process, and finishing a report.
 #pragma once
@@ -19,8 +19,15 @@ namespace sluice::perf {
 
 inline constexpr double kGB = 1e9;  // GB/s here are 1e9 bytes per second
 
-// This executable (the measuring clients are re-executions of it).
+// This executable (the measuring clients are re-executions of it), and its
+// directory.
 std::string SelfPath();
+std::string SelfDir();
+// `flag` when set (NotFound naming flag_name when it does not exist), else
+// the first of `candidates` that exists; NotFound listing them otherwise.
+absl::StatusOr<std::string> Locate(const std::string& what, const std::string& flag_name,
+                                   const std::string& flag,
+                                   const std::vector<std::string>& candidates);
 
 struct Binaries {
   std::string worker;  // sluice-worker
@@ -122,5 +129,43 @@ struct EngineArgs {
   double seconds = 0;     // 0: by mode
 };
 absl::Status RunEngine(const EngineArgs& args, const std::string& command);
+
+struct ImagesArgs {
+  CommonArgs common;
+  std::string corpus;          // empty: a cached corpus under $TMPDIR
+  int64_t images = 0;          // 0: by mode (128 quick, 1024 full)
+  int64_t classes = 0;         // 0: by corpus size
+  std::vector<int> workers = {1, 2};
+  std::vector<int> torch_workers = {0, 2};
+  int64_t batch = 64;
+  uint64_t seed = 42;
+  double seconds = -1;         // timed passes last at least this long; -1: by mode (1 quick, 3)
+  std::string transport = "ucx-shm";
+  std::string shm_tls = kDefaultShmTls;
+  int64_t max_outstanding = 4;
+  std::string python = "/usr/bin/python3";
+  std::string torch_script;    // empty: torch_images.py next to sluice-perf or in the source tree
+  std::string corpus_tool;     // empty: sluice-make-jpeg-corpus next to sluice-perf or in the build
+};
+absl::Status RunImages(const ImagesArgs& args, const std::string& command);
+
+// One sluice row of `images`, run in a child process (`sluice-perf
+// images-client`): a warm-up pass, then timed passes over the corpus (whole
+// passes, at least one, until min_seconds), in this process (service empty)
+// or through Distribute.
+struct ImagesClientOptions {
+  std::string corpus;
+  int64_t batch = 64;
+  uint64_t seed = 42;
+  std::string service;         // empty: local
+  std::string protocol = "ucx";
+  int64_t max_outstanding = 4;
+  std::vector<int> worker_pids;  // their CPU and peak RSS are added to the record
+  double min_seconds = 0;
+};
+// images, batches, passes, seconds, cpu_s (this process + worker_pids, timed pass),
+// client_cpu_s, workers_cpu_s, peak_rss_bytes (VmHWM summed), client_rss_bytes,
+// workers_rss_bytes, thread_pool_threads.
+absl::StatusOr<Record> RunImagesClient(const ImagesClientOptions& options);
 
 }  // namespace sluice::perf

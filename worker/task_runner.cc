@@ -60,6 +60,7 @@ void TaskRunner::Produce() {
   }
   IteratorContext ctx;
   ctx.splits = splits_.get();
+  ctx.seed = ContextSeed(def);
   auto it = MakeNodeIterator(ds->rep()->analysis, ctx);
   if (!it.ok()) return fail(it.status());
   while (true) {

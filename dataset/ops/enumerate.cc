@@ -13,10 +13,10 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
-class EnumerateIterator : public UnaryIterator {
+class EnumerateIterator : public ForwardingIterator {
  public:
   EnumerateIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : UnaryIterator(std::move(a), std::move(in)), next_(node().enumerate().start()) {}
+      : ForwardingIterator(std::move(a), std::move(in)), next_(node().enumerate().start()) {}
   Result Next() override {
     SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
     if (!e) return End();

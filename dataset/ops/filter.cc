@@ -26,14 +26,16 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
-class FilterIterator : public UnaryIterator {
+class FilterIterator : public ForwardingIterator {
  public:
-  using UnaryIterator::UnaryIterator;
+  FilterIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
+      : ForwardingIterator(std::move(a), std::move(in)), seeder_(ctx, *a_) {}
   Result Next() override {
     while (true) {
       SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
       if (!e) return End();
-      SLUICE_ASSIGN_OR_RETURN(Element keep, a_->fn->Apply(*e));
+      const uint64_t seed = a_->fn->random() ? seeder_.SeedFor(in_->ElementKey()) : 0;
+      SLUICE_ASSIGN_OR_RETURN(Element keep, a_->fn->Apply(*e, seed));
       if (keep.size() != 1 || keep[0].dtype() != DType::kBool || !keep[0].shape().is_scalar()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "Filter: predicate must yield one bool scalar; it yielded ", ElementDebugString(keep)));
@@ -41,6 +43,9 @@ class FilterIterator : public UnaryIterator {
       if (keep[0].data()[0] != 0) return Some(std::move(*e));
     }
   }
+
+ private:
+  ElementSeeder seeder_;
 };
 
 }  // namespace

@@ -60,11 +60,14 @@ class FromTensorsIterator : public NodeIterator {
   using NodeIterator::NodeIterator;
   Result Next() override {
     if (i_ >= a_->elements.size()) return End();
+    key_ = SourceKey(0, static_cast<int64_t>(i_));
     return Some(a_->elements[i_++]);
   }
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   size_t i_ = 0;
+  std::optional<uint64_t> key_;
 };
 
 // One element per split.

@@ -44,13 +44,16 @@ class ListFilesIterator : public NodeIterator {
       SLUICE_ASSIGN_OR_RETURN(files_, GlobFiles(node().list_files().pattern()));
     }
     if (i_ >= files_.size()) return End();
+    key_ = SourceKey(0, static_cast<int64_t>(i_));
     return Some({Tensor::String(files_[i_++])});
   }
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   bool listed_ = false;
   std::vector<std::string> files_;
   size_t i_ = 0;
+  std::optional<uint64_t> key_;
 };
 
 // One file per split; the split carries its file's name.

@@ -20,17 +20,22 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
 }
 
 // The next input element through `fn`, on this thread.
-Result ApplyNext(Iterator& in, const CompiledFunction& fn) {
+Result ApplyNext(Iterator& in, const CompiledFunction& fn, ElementSeeder& seeder) {
   SLUICE_ASSIGN_OR_RETURN(auto e, in.Next());
   if (!e) return End();
-  SLUICE_ASSIGN_OR_RETURN(Element out, fn.Apply(*e));
+  const uint64_t seed = fn.random() ? seeder.SeedFor(in.ElementKey()) : 0;
+  SLUICE_ASSIGN_OR_RETURN(Element out, fn.Apply(*e, seed));
   return Some(std::move(out));
 }
 
-class MapIterator : public UnaryIterator {
+class MapIterator : public ForwardingIterator {
  public:
-  using UnaryIterator::UnaryIterator;
-  Result Next() override { return ApplyNext(*in_, *a_->fn); }
+  MapIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
+      : ForwardingIterator(std::move(a), std::move(in)), seeder_(ctx, *a_) {}
+  Result Next() override { return ApplyNext(*in_, *a_->fn, seeder_); }
+
+ private:
+  ElementSeeder seeder_;
 };
 
 // kAutotune: calls cheaper than this on average run on the consumer's
@@ -50,8 +55,9 @@ constexpr int64_t kAutotuneSampleCalls = 16;
 // The destructor cancels calls not yet started and waits for running ones.
 class ParallelMapIterator : public UnaryIterator {
  public:
-  ParallelMapIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
-      : UnaryIterator(std::move(a), std::move(in)), st_(std::make_shared<Shared>()) {
+  ParallelMapIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
+      : UnaryIterator(std::move(a), std::move(in)), st_(std::make_shared<Shared>()),
+        seeder_(ctx, *a_) {
     const auto& m = node().map();
     autotune_ = m.num_parallel_calls() == kAutotune;
     // kAutotune keeps twice the pool's threads in flight, so no thread
@@ -69,7 +75,12 @@ class ParallelMapIterator : public UnaryIterator {
   // first, then the input is mapped on this thread.
   Result Next() override {
     if (!inline_) Fill();
-    if (window_.empty()) return inline_ && !input_done_ ? ApplyNext(*in_, *a_->fn) : Finish();
+    if (window_.empty()) {
+      if (!inline_ || input_done_) return Finish();
+      Result r = ApplyNext(*in_, *a_->fn, seeder_);
+      key_ = in_->ElementKey();
+      return r;
+    }
     std::shared_ptr<Call> call;
     if (deterministic_) {
       call = window_.front();
@@ -79,10 +90,12 @@ class ParallelMapIterator : public UnaryIterator {
       call = TakeAnyDone();
     }
     Result r = std::move(call->result);
+    key_ = call->key;
     if (!r.ok()) Stop();
     if (autotune_ && !decided_) Autotune();
     return r;
   }
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   struct Shared {
@@ -93,6 +106,7 @@ class ParallelMapIterator : public UnaryIterator {
   };
   struct Call {
     std::shared_ptr<PoolTask> task;
+    std::optional<uint64_t> key;  // the input element's
     Result result;          // written by whoever runs the task, read once it finished
     bool finished = false;  // under Shared::mu: the call's last touch of this Call
   };
@@ -106,13 +120,15 @@ class ParallelMapIterator : public UnaryIterator {
         return;
       }
       auto call = std::make_shared<Call>();
+      call->key = in_->ElementKey();
+      const uint64_t seed = a_->fn->random() ? seeder_.SeedFor(call->key) : 0;
       call->task = std::make_shared<PoolTask>(
-          [st = st_, call = call.get(), element = std::move(**e)] {
+          [st = st_, call = call.get(), element = std::move(**e), seed] {
             if (st->cancelled.load()) {
               call->result = absl::CancelledError("Map: the iterator was destroyed");
             } else {
               const auto start = std::chrono::steady_clock::now();
-              auto out = st->fn->Apply(element);
+              auto out = st->fn->Apply(element, seed);
               st->call_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now() - start).count();
               st->calls++;
@@ -181,6 +197,8 @@ class ParallelMapIterator : public UnaryIterator {
   }
 
   std::shared_ptr<Shared> st_;
+  ElementSeeder seeder_;
+  std::optional<uint64_t> key_;  // of the element last returned
   std::deque<std::shared_ptr<Call>> window_;
   int64_t parallelism_ = 1;
   bool deterministic_ = true;

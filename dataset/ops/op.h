@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -154,15 +155,6 @@ using AnalysisPtr = std::shared_ptr<const Analysis>;
 inline Result End() { return std::optional<Element>(); }
 inline Result Some(Element e) { return std::optional<Element>(std::move(e)); }
 
-// Mixes two 64-bit values (seeds and salts of shuffles per epoch/element).
-inline uint64_t Mix(uint64_t a, uint64_t b) {
-  uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return x;
-}
-
 // Holds the analysis (and so the definition) alive for the iterator's life.
 class NodeIterator : public Iterator {
  public:
@@ -183,12 +175,43 @@ class UnaryIterator : public NodeIterator {
   std::unique_ptr<Iterator> in_;
 };
 
-// OpDef::make_iterator of an op whose iterator is It(analysis, input iterator).
+// An op whose output elements are input elements (or made from one each,
+// in order): an element's key is its input's.
+class ForwardingIterator : public UnaryIterator {
+ public:
+  using UnaryIterator::UnaryIterator;
+  std::optional<uint64_t> ElementKey() const override { return in_->ElementKey(); }
+};
+
+// Seeds the random calls of an op's function (CompiledFunction::Apply) per
+// element: from the pipeline's seed and the element's key or, where the
+// input does not keep keys, the element's position in this iterator's
+// input (then the seeds depend on how the input was divided up).
+class ElementSeeder {
+ public:
+  ElementSeeder(const IteratorContext& ctx, const Analysis& a)
+      : seed_(Mix(ctx.seed, static_cast<uint64_t>(a.functions_below))) {}
+  uint64_t SeedFor(std::optional<uint64_t> key) {
+    return Mix(seed_, key ? *key : Mix(0x0c0ffee0c0ffee00ull, untracked_++));
+  }
+
+ private:
+  const uint64_t seed_;
+  uint64_t untracked_ = 0;
+};
+
+// OpDef::make_iterator of an op whose iterator is It(analysis, input
+// iterator) or It(analysis, input iterator, context).
 template <typename It>
 absl::StatusOr<std::unique_ptr<Iterator>> MakeUnaryIterator(AnalysisPtr a,
                                                             const IteratorContext& ctx) {
   SLUICE_ASSIGN_OR_RETURN(auto in, MakeNodeIterator(a->inputs[0], ctx));
-  return std::unique_ptr<Iterator>(new It(std::move(a), std::move(in)));
+  if constexpr (std::is_constructible_v<It, AnalysisPtr, std::unique_ptr<Iterator>,
+                                        const IteratorContext&>) {
+    return std::unique_ptr<Iterator>(new It(std::move(a), std::move(in), ctx));
+  } else {
+    return std::unique_ptr<Iterator>(new It(std::move(a), std::move(in)));
+  }
 }
 
 // OpDef::make_iterator of a source whose iterator is It(analysis).

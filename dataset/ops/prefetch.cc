@@ -51,15 +51,17 @@ class PrefetchIterator : public UnaryIterator {
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(
-        +[](std::deque<Result>* b) { return !b->empty(); }, &buf_));
-    Result r = buf_.front();
+        +[](std::deque<Item>* b) { return !b->empty(); }, &buf_));
+    Result r = buf_.front().result;
+    key_ = buf_.front().key;
     // The terminal result (end or error) stays queued so it repeats.
     if (r.ok() && r->has_value()) {
-      bytes_ -= ByteSize(buf_.front());
+      bytes_ -= ByteSize(buf_.front().result);
       buf_.pop_front();
     }
     return r;
   }
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   void Run() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -76,17 +78,23 @@ class PrefetchIterator : public UnaryIterator {
         mu_.Await(absl::Condition(&has_room));
         if (stop_) return;
       }
-      Result r = in_->Next();
-      bool terminal = !r.ok() || !r->has_value();
+      Item item{in_->Next(), std::nullopt};
+      bool terminal = !item.result.ok() || !item.result->has_value();
+      if (!terminal) item.key = in_->ElementKey();
       absl::MutexLock l(&mu_);
-      bytes_ += ByteSize(r);
-      buf_.push_back(std::move(r));
+      bytes_ += ByteSize(item.result);
+      buf_.push_back(std::move(item));
       if (terminal) return;
     }
   }
 
+  struct Item {
+    Result result;
+    std::optional<uint64_t> key;
+  };
   absl::Mutex mu_;
-  std::deque<Result> buf_ ABSL_GUARDED_BY(mu_);
+  std::deque<Item> buf_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint64_t> key_;  // the consumer's: of the element last returned
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

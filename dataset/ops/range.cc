@@ -37,10 +37,14 @@ class RangeIterator : public NodeIterator {
     }
     int64_t v = cur_;
     if (__builtin_add_overflow(cur_, r.step(), &cur_)) done_ = true;
+    key_ = SourceKey(0, position_++);
     return Some({Tensor::Scalar<int64_t>(v)});
   }
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
+  int64_t position_ = 0;
+  std::optional<uint64_t> key_;
   bool started_ = false, done_ = false;
   int64_t cur_ = 0;
 };

@@ -63,6 +63,9 @@ class RepeatIterator : public NodeIterator {
       SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
       if (e) {
         produced_this_epoch_ = true;
+        // A split source's keys carry the splits' epoch already.
+        std::optional<uint64_t> k = in_->ElementKey();
+        key_ = k && ctx_.splits == nullptr ? std::optional<uint64_t>(EpochKey(*k, epoch_)) : k;
         return e;
       }
       in_.reset();
@@ -71,6 +74,7 @@ class RepeatIterator : public NodeIterator {
     }
     return End();
   }
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   bool EmptyEpochEnds(int64_t epoch) const {
@@ -84,6 +88,7 @@ class RepeatIterator : public NodeIterator {
   std::unique_ptr<Iterator> in_;
   int64_t epoch_ = 0;
   bool produced_this_epoch_ = false;
+  std::optional<uint64_t> key_;
 };
 
 absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {

@@ -24,9 +24,9 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
-class ShardIterator : public UnaryIterator {
+class ShardIterator : public ForwardingIterator {
  public:
-  using UnaryIterator::UnaryIterator;
+  using ForwardingIterator::ForwardingIterator;
   Result Next() override {
     const auto& s = node().shard();
     if (s.num_shards() == kShardHint) {

@@ -38,19 +38,28 @@ class ShuffleIterator : public UnaryIterator {
         break;
       }
       buf_.push_back(std::move(*e));
+      keys_.push_back(in_->ElementKey());
     }
     if (buf_.empty()) return End();
     std::uniform_int_distribution<size_t> pick(0, buf_.size() - 1);
     size_t i = pick(rng_);
     std::swap(buf_[i], buf_.back());
+    std::swap(keys_[i], keys_.back());
     Element out = std::move(buf_.back());
     buf_.pop_back();
+    key_ = keys_.back();
+    keys_.pop_back();
     return Some(std::move(out));
   }
+  // An element keeps its key: random functions after a shuffle give it the
+  // same draw whatever the order.
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   std::mt19937_64 rng_;
   std::vector<Element> buf_;
+  std::vector<std::optional<uint64_t>> keys_;  // buf_'s
+  std::optional<uint64_t> key_;
   bool in_done_ = false;
 };
 

@@ -19,9 +19,9 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
-class SkipIterator : public UnaryIterator {
+class SkipIterator : public ForwardingIterator {
  public:
-  using UnaryIterator::UnaryIterator;
+  using ForwardingIterator::ForwardingIterator;
   Result Next() override {
     int64_t c = node().skip().count();
     while (c == -1 || skipped_ < c) {

@@ -20,9 +20,9 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
   return absl::OkStatus();
 }
 
-class TakeIterator : public UnaryIterator {
+class TakeIterator : public ForwardingIterator {
  public:
-  using UnaryIterator::UnaryIterator;
+  using ForwardingIterator::ForwardingIterator;
   Result Next() override {
     int64_t c = node().take().count();
     if (c != -1 && taken_ >= c) return End();

@@ -1495,6 +1495,9 @@ TEST_F(DistributedEpochTest, FromTensorsAndListFilesGiveOneElementOrFilePerSplit
       break;
     }
     files.push_back(r.split().file());
+    // The split names the file's position too (its elements' keys).
+    EXPECT_EQ(r.split().begin(), static_cast<int64_t>(files.size()) - 1);
+    EXPECT_EQ(r.split().end(), r.split().begin() + 1);
     done = {r.split().split_id()};
   }
   EXPECT_EQ(files, (std::vector<std::string>{dir + "/f0", dir + "/f1", dir + "/f2"}));

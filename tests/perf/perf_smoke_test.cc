@@ -1,11 +1,13 @@
-// Smoke test of sluice-perf (SLUICE_PERF_BIN): tiny configurations of both
+// Smoke test of sluice-perf (SLUICE_PERF_BIN): tiny configurations of its
 // subcommands, run as a real process with real worker processes. Asserts
 // what the tool reports (one row per size x transport, positive element
-// counts, no client payload copies on UCX), never timing.
+// counts, no client payload copies on UCX), never timing. Also the corpus
+// tool of `images` (SLUICE_CORPUS_TOOL_BIN).
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -123,6 +125,86 @@ TEST(PerfSmokeTest, EngineReportsEachSection) {
   auto fresh = Rows(text, "\"transport\":\"ucx-shm\",\"prebuilt_gb_per_s\"");
   ASSERT_EQ(fresh.size(), 1u) << text;
   EXPECT_NE(fresh[0].find("fresh_gb_per_s"), std::string::npos);
+}
+
+// The images suite on a 32-image corpus, one worker, DataLoader(num_workers=0),
+// one timed pass each: every section is reported; the torch row may be skipped (with a note)
+// where torch is not installed.
+TEST(PerfSmokeTest, ImagesQuickReportsEachSection) {
+  const std::string json = Scratch("images.json");
+  const std::string corpus = Scratch("images_corpus");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("images --quick --images 32 --classes 4 --workers 1 "
+                                      "--torch_workers 0 --seconds 0 --corpus '",
+                                      corpus, "' --json '", json, "'"),
+                         &out);
+  std::filesystem::remove_all(corpus);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  EXPECT_THAT(text, ::testing::HasSubstr("\"mode\": \"images\""));
+  EXPECT_THAT(text, ::testing::HasSubstr("\"images\":32,\"classes\":4"));  // the corpus
+  auto local = Rows(text, "\"kind\":\"sluice-local\"");
+  ASSERT_EQ(local.size(), 1u) << text;
+  EXPECT_EQ(Field(local[0], "images"), 32) << local[0];
+  EXPECT_NE(local[0].find("\"cpu_ms_per_image\":"), std::string::npos) << local[0];
+  EXPECT_GT(Field(local[0], "peak_rss_bytes"), 0) << local[0];
+  auto dist = Rows(text, "\"kind\":\"sluice-distribute\",\"workers\":1,");
+  ASSERT_EQ(dist.size(), 1u) << text;
+  EXPECT_EQ(Field(dist[0], "images"), 32) << dist[0];  // distributed_epoch: each image once
+  EXPECT_GT(Field(dist[0], "workers_peak_rss_bytes"), 0) << dist[0];
+  auto torch = Rows(text, "\"kind\":\"torch\",\"workers\":0,");
+  if (torch.empty()) {
+    EXPECT_THAT(text, ::testing::HasSubstr("torch rows skipped")) << text;
+  } else {
+    ASSERT_EQ(torch.size(), 1u) << text;
+    EXPECT_EQ(Field(torch[0], "images"), 32) << torch[0];
+    EXPECT_EQ(Rows(text, "\"target\":\"CPU/image: sluice local / DataLoader\\(num_workers=0\\)\"")
+                  .size(),
+              1u)
+        << text;
+  }
+  EXPECT_EQ(Rows(text, "\"target\":\"CPU/image: sluice distribute 1 worker / local\"").size(), 1u)
+      << text;
+  // The table a person reads.
+  EXPECT_THAT(out, ::testing::HasSubstr("sluice local"));
+  EXPECT_THAT(out, ::testing::HasSubstr("sluice distribute, 1 worker"));
+  EXPECT_THAT(out, ::testing::HasSubstr("targets"));
+}
+
+TEST(PerfSmokeTest, JpegCorpusIsDeterministicAndChecksItsArguments) {
+  const std::string a = Scratch("corpus_a"), b = Scratch("corpus_b");
+  auto make = [](const std::string& args, std::string* output) {
+    const std::string log = Scratch("corpus_out.txt");
+    const int status = std::system(
+        absl::StrCat("'", SLUICE_CORPUS_TOOL_BIN, "' ", args, " > '", log, "' 2>&1").c_str());
+    *output = ReadFile(log);
+    std::remove(log.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string out;
+  ASSERT_EQ(make(absl::StrCat("--out '", a, "' --images 5 --classes 2 --seed 7"), &out), 0) << out;
+  ASSERT_EQ(make(absl::StrCat("--out '", b, "' --images 5 --classes 2 --seed 7 --threads 1"), &out),
+            0)
+      << out;
+  for (const char* f : {"/class_000/img_000000.jpg", "/class_001/img_000003.jpg",
+                        "/class_000/img_000004.jpg", "/corpus.txt"}) {
+    const std::string bytes = ReadFile(a + f);
+    ASSERT_FALSE(bytes.empty()) << f;
+    EXPECT_EQ(bytes, ReadFile(b + f)) << f;  // the same seed gives the same files
+  }
+  const std::string jpeg = ReadFile(a + "/class_000/img_000000.jpg");
+  EXPECT_EQ(jpeg.substr(0, 2), "\xff\xd8");
+  EXPECT_GT(jpeg.size(), 20000u);  // photo-like content, not a flat image
+  EXPECT_THAT(ReadFile(a + "/corpus.txt"), ::testing::HasSubstr("images=5\n"));
+  // A non-empty directory, and impossible arguments, are refused with a message.
+  EXPECT_NE(make(absl::StrCat("--out '", a, "' --images 5 --classes 2"), &out), 0);
+  EXPECT_THAT(out, ::testing::HasSubstr("is not empty"));
+  EXPECT_NE(make(absl::StrCat("--out '", b, "x' --images 2 --classes 3"), &out), 0);
+  EXPECT_THAT(out, ::testing::HasSubstr("every class needs at least one image"));
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+  std::filesystem::remove_all(b + "x");
 }
 
 TEST(PerfSmokeTest, BadArgumentsFailWithAMessage) {

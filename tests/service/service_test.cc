@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -19,11 +20,13 @@
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
+#include "sluice/dataset/image.h"
 #include "sluice/dataset/tfrecord.h"
 #include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/worker/worker_server.h"
 #include "tests/dataset/dataset_test_util.h"
+#include "tests/dataset/image_test_util.h"
 
 namespace sluice {
 namespace {
@@ -874,6 +877,49 @@ TEST_P(ServiceTest, DistributedEpochUntrackedPipelineAndFileSplits) {
   std::vector<std::string> got_records;
   for (const Element& e : out) got_records.push_back(std::string(e[0].str(0)));
   EXPECT_THAT(got_records, UnorderedElementsAreArray(records));
+}
+
+// Random augmentation draws from the pipeline's seed and each image's
+// position in the file list: the same images come out locally, from one
+// worker and from three, in distributed_epoch.
+TEST_P(ServiceTest, SeededAugmentationIsTheSameWhateverTheNumberOfWorkers) {
+  sluice_test::TempDir dir;
+  for (const char* c : {"a", "b", "c"}) std::filesystem::create_directory(dir.File(c));
+  for (int i = 0; i < 12; ++i) {
+    const std::string jpeg = sluice_test::EncodeJpeg(sluice_test::SyntheticRgb(30, 40, i), 30, 40);
+    sluice_test::WriteBytes(dir.File(std::string(1, "abc"[i % 3]) + "/" + std::to_string(i) + ".jpg"),
+                            jpeg);
+  }
+  Dataset pipeline =
+      image::ImageFolder(dir.path())
+          .WithSeed(21)
+          .Map({x[0], x[1],
+                image::RandomHorizontalFlip(
+                    image::RandomResizedCrop(image::Decode(io::ReadFile(x[0])), 12, 16))},
+               kAutotune);
+  ASSERT_OK(pipeline.status());
+  auto by_path = [](const std::vector<Element>& elements) {
+    std::map<std::string, std::string> out;
+    for (const Element& e : elements) {
+      out[std::string(e[0].str(0))] =
+          std::to_string(e[1].at<int64_t>(0)) + ":" +
+          std::string(reinterpret_cast<const char*>(e[2].data()), e[2].byte_size());
+    }
+    return out;
+  };
+  ASSERT_OK_AND_ASSIGN(auto local, sluice_test::Collect(pipeline));
+  ASSERT_EQ(local.size(), 12u);
+  const auto want = by_path(local);
+  StartService(1);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto one, WithHangGuard([&] { return Collect(pipeline.Distribute(o)); }));
+  EXPECT_EQ(one.size(), 12u);
+  EXPECT_EQ(by_path(one), want);
+  StartWorkers(2);
+  ASSERT_OK_AND_ASSIGN(auto three, WithHangGuard([&] { return Collect(pipeline.Distribute(o)); }));
+  EXPECT_EQ(three.size(), 12u);
+  EXPECT_EQ(by_path(three), want);
 }
 
 TEST_P(ServiceTest, DistributedEpochWorkerAddedMidEpochTakesSplits) {
