@@ -1,0 +1,137 @@
+"""Pipelines on an in-process service: DispatchServer + WorkerServers."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import sluice
+from sluice import x
+
+
+def ints(ds):
+    return sorted(int(e) for e in ds)
+
+
+def test_seed_example_on_the_service(service):
+    ds = sluice.Dataset.range(5).map(x * x).distribute(
+        processing_mode="parallel_epochs", service=service.target, job_name=None,
+        max_outstanding_requests=8).map(x + 1)
+    # parallel_epochs: each of the two workers produces the whole dataset.
+    assert ints(ds) == [1, 1, 2, 2, 5, 5, 10, 10, 17, 17]
+    assert ints(ds) == [1, 1, 2, 2, 5, 5, 10, 10, 17, 17]  # a new iteration
+
+
+def test_grpc_data_path(service):
+    ds = sluice.Dataset.range(5).distribute(service=service.target,
+                                            data_transfer_protocol="grpc")
+    assert ints(ds) == sorted(list(range(5)) * 2)
+
+
+def test_distributed_epoch_delivers_each_element_once(service):
+    ds = sluice.Dataset.range(100).map(x * 2).distribute("distributed_epoch", service.target)
+    assert ints(ds) == list(range(0, 200, 2))
+
+
+def test_shared_job_with_two_consumers(service):
+    got = [[], []]
+    errors = []
+    joined = threading.Barrier(2)
+
+    def consume(c):
+        try:
+            # Each consumer builds its own dataset, as separate trainers would.
+            ds = sluice.Dataset.range(20).distribute(service=service.target, job_name="shared")
+            it = iter(ds)
+            joined.wait()
+            got[c] = [int(e) for e in it]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(c,)) for c in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    # The consumers split the job's elements: two workers, each element twice.
+    assert sorted(got[0] + got[1]) == sorted(list(range(20)) * 2)
+
+
+def test_register_dataset_and_from_dataset_id(service):
+    dataset_id = sluice.register_dataset(service.target, sluice.Dataset.range(4).map(x + 10))
+    assert dataset_id == sluice.register_dataset(service.target,
+                                                 sluice.Dataset.range(4).map(x + 10))
+    ds = sluice.Dataset.from_dataset_id("distributed_epoch", service.target, dataset_id)
+    assert ints(ds.map(x * 2)) == [20, 22, 24, 26]
+    named = sluice.register_dataset(service.target, sluice.Dataset.range(2), dataset_id="two")
+    assert named == "two"
+
+
+def test_multi_component_elements_and_strings(service):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ds = sluice.Dataset.from_tensors([(a, b"label", np.array([True, False]))]).distribute(
+        service=service.target)
+    out = list(ds)
+    assert len(out) == 2
+    for arr, label, mask in out:
+        np.testing.assert_array_equal(arr, a)
+        assert label == b"label"
+        assert mask.dtype == np.bool_ and mask.tolist() == [True, False]
+
+
+def test_servers_properties_and_context_managers():
+    with sluice.DispatchServer(port=0) as d:
+        assert d.target == f"grpc://{d.address}" and d.port > 0
+        assert d.metrics_port == -1
+        with sluice.WorkerServer.start(dispatcher_address=d.target,
+                                       data_transfer_protocol="grpc") as w:
+            assert w.port > 0 and w.transfer_address == w.address
+            assert ints(sluice.Dataset.range(3).distribute(service=d.target)) == [0, 1, 2]
+        with pytest.raises(ValueError, match="stopped"):
+            w.address
+
+
+def test_next_releases_the_gil(hang_guard):
+    """Another thread runs while next() waits for a worker that starts later.
+
+    The pipeline has no worker when next() is called; a second Python thread
+    starts one after 0.5 s. Had next() kept the GIL, that thread could not
+    run and next() would never return (the hang guard would end the run).
+    """
+    sluice.set_log_level("off")  # the late worker's first heartbeat is retried
+    with sluice.DispatchServer() as dispatcher:
+        counter = [0]
+        done = threading.Event()
+        workers = []
+
+        def count():
+            while not done.is_set():
+                counter[0] += 1
+                time.sleep(0.001)
+
+        def start_worker_later():
+            time.sleep(0.5)
+            workers.append(sluice.WorkerServer(dispatcher_address=dispatcher.address))
+
+        threads = [threading.Thread(target=count), threading.Thread(target=start_worker_later)]
+        it = iter(sluice.Dataset.range(3).distribute(service=dispatcher.target))
+        for t in threads:
+            t.start()
+        before = counter[0]
+        start = time.monotonic()
+        first = next(it)
+        waited = time.monotonic() - start
+        during = counter[0] - before
+        done.set()
+        for t in threads:
+            t.join()
+        rest = [int(e) for e in it]
+        it.close()
+        for w in workers:
+            w.stop()
+    sluice.set_log_level("error")
+    assert sorted([int(first)] + rest) == [0, 1, 2]
+    assert waited >= 0.4
+    assert during >= 50  # the counter ran while the main thread was in next()

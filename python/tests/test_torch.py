@@ -1,0 +1,85 @@
+"""sluice.torch: torch.Tensors through DLPack, and a DataLoader over a dataset."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils import dlpack
+
+import sluice
+import sluice.torch
+from sluice import x
+
+
+def test_dataloader_yields_tensors_equal_to_numpy(service):
+    ds = (sluice.Dataset.range(8)
+          .map((x.cast(np.float32) * 0.5, x, x % 2 == 0))
+          .batch(4)
+          .distribute("distributed_epoch", service.target))
+    loader = torch.utils.data.DataLoader(sluice.torch.IterableDataset(ds), batch_size=None,
+                                         num_workers=0)
+    got = sorted(((tuple(b) for b in loader)), key=lambda b: int(b[1][0]))
+    expected = sorted(list(ds), key=lambda b: int(b[1][0]))
+    assert len(got) == 2 and len(expected) == 2
+    for (f, i, even), (nf, ni, neven) in zip(got, expected):
+        assert f.dtype == torch.float32 and i.dtype == torch.int64 and even.dtype == torch.bool
+        assert torch.equal(f, torch.from_numpy(nf.copy()))
+        assert torch.equal(i, torch.from_numpy(ni.copy()))
+        assert even.tolist() == neven.tolist()
+
+
+def test_single_component_and_training_loop():
+    features = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
+    ds = sluice.Dataset.from_tensors([features]).unbatch().map((x, x * 2)).batch(8)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for inputs, targets in torch.utils.data.DataLoader(sluice.torch.IterableDataset(ds),
+                                                       batch_size=None):
+        assert inputs.shape == (8, 4)
+        loss = ((model(inputs) - targets.sum(dim=1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+    assert steps == 4
+    single = list(sluice.torch.IterableDataset(sluice.Dataset.range(3)))
+    assert [int(t) for t in single] == [0, 1, 2] and single[0].dtype == torch.int64
+
+
+def test_dlpack_is_zero_copy_and_keeps_the_tensor_alive(service):
+    big = np.arange(1 << 18, dtype=np.float32)
+    ds = sluice.Dataset.from_tensors([big]).distribute(service=service.target)
+    it = ds.make_iterator(output="tensor")
+    t = next(it)
+    as_torch = sluice.torch.to_torch(t)
+    assert as_torch.data_ptr() == t.data_ptr == np.asarray(t).ctypes.data
+    from_protocol = dlpack.from_dlpack(t)  # __dlpack__ / __dlpack_device__
+    assert from_protocol.data_ptr() == t.data_ptr
+    del t, it, ds
+    assert torch.equal(as_torch, torch.from_numpy(big))
+    # A capsule nobody consumed frees its tensor on its own.
+    (t2,) = list(sluice.Dataset.from_tensors([big]).make_iterator(output="tensor"))
+    capsule = sluice.to_dlpack(t2)
+    del capsule
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32, np.int64,
+                                   np.float16, np.float32, np.float64, np.bool_])
+def test_dtypes(dtype):
+    a = (np.arange(6) % 2).astype(dtype).reshape(2, 3)
+    (t,) = list(sluice.Dataset.from_tensors([a]).make_iterator(output="tensor"))
+    out = sluice.torch.to_torch(t)
+    assert out.shape == (2, 3)
+    assert out.tolist() == a.tolist()
+
+
+def test_bfloat16_travels_as_bfloat16():
+    ds = sluice.Dataset.range(3).map(x.cast("bfloat16"))
+    out = [sluice.torch.to_torch(t) for t in ds.make_iterator(output="tensor")]
+    assert out[2].dtype == torch.bfloat16 and float(out[2]) == 2.0
+
+
+def test_strings_stay_bytes():
+    (t,) = list(sluice.Dataset.from_tensors([(b"abc", np.int32(1))]).make_iterator("tensor"))
+    s, i = sluice.torch.to_torch(t)
+    assert s == b"abc" and int(i) == 1
