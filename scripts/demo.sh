@@ -3,7 +3,8 @@
 #  1. the seed pipeline Range(5).Map(x*x).Map(x+1), executed locally;
 #  2. the same pipeline on an in-process service (a dispatcher and two
 #     workers): Range(5).Map(x*x).Distribute(parallel_epochs).Map(x+1);
-#  3. two consumers sharing job "shared" over three iterations;
+#  3. two consumers sharing job "shared" over three iterations, and the seed
+#     example from Python (the sluice module, Debian's /usr/bin/python3);
 #  4. an ImageNet-style training pipeline (decode, RandomResizedCrop(224),
 #     flip, normalize, batch 64) over 256 synthetic JPEGs on two workers;
 #  5. the perf suite in quick mode (sluice-perf transport and pipeline, about a
@@ -20,13 +21,15 @@ cmake --preset release >/dev/null
 cmake --build --preset release -j "$JOBS" \
   --target sluice_local_pipeline sluice_distribute_seed sluice_shared_job \
            sluice_imagenet_pipeline sluice-make-jpeg-corpus \
-           sluice-perf sluice-worker sluice_perf_plugin
+           sluice_python sluice-perf sluice-worker sluice_perf_plugin
 echo "== local pipeline"
 ./build/release/examples/sluice_local_pipeline
 echo "== distributed seed example"
 ./build/release/examples/sluice_distribute_seed
 echo "== shared job, two consumers, three iterations"
 ./build/release/examples/sluice_shared_job
+echo "== the seed example from Python"
+PYTHONPATH=build/release/python /usr/bin/python3 python/examples/distribute_seed.py
 echo "== ImageNet-style pipeline over a synthetic JPEG corpus, two workers"
 rm -rf build/release/demo-corpus
 ./build/release/tools/sluice-make-jpeg-corpus --out build/release/demo-corpus --images 256 --classes 4
