@@ -37,7 +37,6 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -310,20 +309,6 @@ absl::StatusOr<Record> RunImagesChild(const ImagesClientOptions& o,
   return r;
 }
 
-// The value of "key" in a flat one-line JSON object (the torch script's).
-std::optional<std::string> JsonField(const std::string& json, const std::string& key) {
-  std::smatch m;
-  const std::regex num("\"" + key + "\"\\s*:\\s*(-?[0-9][0-9.eE+-]*)");
-  if (std::regex_search(json, m, num)) return m[1].str();
-  const std::regex str("\"" + key + "\"\\s*:\\s*\"([^\"]*)\"");
-  if (std::regex_search(json, m, str)) return m[1].str();
-  return std::nullopt;
-}
-double JsonNumber(const std::string& json, const std::string& key) {
-  std::optional<std::string> v = JsonField(json, key);
-  return v.has_value() ? std::strtod(v->c_str(), nullptr) : 0;
-}
-
 struct TorchOutcome {
   Row row;
   bool missing = false;  // torch could not be imported: skip the torch rows
@@ -348,13 +333,18 @@ TorchOutcome RunTorchRow(const std::string& python, const std::string& script, c
   absl::StatusOr<int> ws =
       st.ok() ? child.Wait(absl::Seconds(ChildTimeout(c, min_seconds))) : st;
   const std::string json = ReadWholeFile(out);
+  const Record r = ParseJsonRecord(json);
+  auto text = [&r](const std::string& key, std::string fallback) {
+    auto it = r.find(key);
+    return it == r.end() ? fallback : it->second;
+  };
   if (!ws.ok()) {
     t.row.error = absl::StrCat(name, ": ", OneLine(ws.status()), "; log: ", child.LogTail(1500));
     return t;
   }
   if (WIFEXITED(*ws) && WEXITSTATUS(*ws) == kTorchMissingExit) {
     t.missing = true;
-    t.missing_why = JsonField(json, "message").value_or(child.LogTail(300));
+    t.missing_why = text("message", child.LogTail(300));
     return t;
   }
   if (!WIFEXITED(*ws) || WEXITSTATUS(*ws) != 0 || json.empty()) {
@@ -362,19 +352,19 @@ TorchOutcome RunTorchRow(const std::string& python, const std::string& script, c
                                "; log: ", child.LogTail(1500));
     return t;
   }
-  t.row.images = static_cast<int64_t>(JsonNumber(json, "images"));
-  t.row.batches = static_cast<int64_t>(JsonNumber(json, "batches"));
-  t.row.passes = static_cast<int64_t>(JsonNumber(json, "passes"));
-  t.row.seconds = JsonNumber(json, "seconds");
-  t.row.cpu_s = JsonNumber(json, "cpu_seconds");
-  t.row.client_cpu_s = JsonNumber(json, "cpu_self_seconds");
-  t.row.workers_cpu_s = JsonNumber(json, "cpu_children_seconds");
-  t.row.peak_rss = static_cast<int64_t>(JsonNumber(json, "peak_rss_bytes"));
-  t.row.client_rss = static_cast<int64_t>(JsonNumber(json, "main_peak_rss_bytes"));
-  t.row.workers_rss = static_cast<int64_t>(JsonNumber(json, "workers_peak_rss_bytes"));
-  const std::string torch_v = JsonField(json, "torch").value_or("?");
-  const std::string vision_v = JsonField(json, "torchvision").value_or("?");
-  const int threads = static_cast<int>(JsonNumber(json, "torch_threads"));
+  t.row.images = static_cast<int64_t>(RecordNumber(r, "images"));
+  t.row.batches = static_cast<int64_t>(RecordNumber(r, "batches"));
+  t.row.passes = static_cast<int64_t>(RecordNumber(r, "passes"));
+  t.row.seconds = RecordNumber(r, "seconds");
+  t.row.cpu_s = RecordNumber(r, "cpu_seconds");
+  t.row.client_cpu_s = RecordNumber(r, "cpu_self_seconds");
+  t.row.workers_cpu_s = RecordNumber(r, "cpu_children_seconds");
+  t.row.peak_rss = static_cast<int64_t>(RecordNumber(r, "peak_rss_bytes"));
+  t.row.client_rss = static_cast<int64_t>(RecordNumber(r, "main_peak_rss_bytes"));
+  t.row.workers_rss = static_cast<int64_t>(RecordNumber(r, "workers_peak_rss_bytes"));
+  const std::string torch_v = text("torch", "?");
+  const std::string vision_v = text("torchvision", "?");
+  const int threads = static_cast<int>(RecordNumber(r, "torch_threads"));
   t.versions = absl::StrCat("torch ", torch_v, ", torchvision ", vision_v, ", ", threads,
                             " intra-op thread(s) in the main process");
   t.row.extra_json =

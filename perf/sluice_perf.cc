@@ -64,7 +64,8 @@ int Main(int argc, char** argv) {
 
   TransportArgs ta;
   CLI::App* transport = app.add_subcommand(
-      "transport", "pre-built elements of each size over ucx-tcp, ucx-shm and grpc, with ceilings");
+      "transport", "pre-built elements of each size over ucx-tcp, ucx-shm and grpc, with ceilings, "
+      "from C++ and Python, next to torch's DataLoader");
   AddCommonOptions(transport, &ta.common);
   transport->add_option("--sizes", ta.sizes, "element sizes, e.g. 64,4K,1M (default by mode)")
       ->delimiter(',');
@@ -83,6 +84,20 @@ int Main(int argc, char** argv) {
                         "Next() calls timed in the latency pass (0 skips it)");
   transport->add_flag("--no_ceilings", ta.no_ceilings, "skip ucx_perftest");
   transport->add_option("--ucx_perftest", ta.ucx_perftest, "ucx_perftest binary (default: PATH)");
+  transport->add_flag("--no_python", ta.no_python,
+                      "skip the python (sluice from Python) and torch DataLoader rows");
+  transport->add_option("--python", ta.python, "python with numpy (and torch for the torch rows)")
+      ->capture_default_str();
+  transport->add_option("--python_path", ta.python_path,
+                        "directory holding the sluice Python package (default: the build tree's "
+                        "python/ or an installed lib/python3/dist-packages)");
+  transport->add_option("--python_client", ta.python_client,
+                        "python_client.py (default: next to sluice-perf or in the source tree)");
+  transport->add_option("--torch_script", ta.torch_script,
+                        "torch_transport.py (default: next to sluice-perf or in the source tree)");
+  transport->add_option("--torch_workers", ta.torch_workers, "DataLoader num_workers")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
 
   PipelineArgs pa;
   CLI::App* pipeline = app.add_subcommand(

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,36 @@ absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
   return b;
 }
 
+absl::StatusOr<std::string> LocatePythonPackageDir(const std::string& flag) {
+  if (!flag.empty()) {
+    if (access((flag + "/sluice/__init__.py").c_str(), R_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat("--python_path ", flag,
+                                              " holds no sluice package (sluice/__init__.py)"));
+    }
+    return flag;
+  }
+  const std::vector<std::string> dirs = {SelfDir() + "/../" SLUICE_PERF_PYTHON_INSTALL_DIR,
+                                         SLUICE_PERF_BUILD_PYTHON_DIR};
+  std::vector<std::string> looked;
+  for (const auto& d : dirs) {
+    if (d.empty()) continue;
+    if (access((d + "/sluice/__init__.py").c_str(), R_OK) == 0) return d;
+    looked.push_back(d);
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "the sluice Python package is not built (configure with -DSLUICE_BUILD_PYTHON=ON and "
+      "build sluice_python) or not found (looked in ",
+      absl::StrJoin(looked, ", "), "); pass --python_path"));
+}
+
+absl::StatusOr<std::string> LocatePerfScript(const std::string& name, const std::string& flag_name,
+                                             const std::string& flag,
+                                             const std::string& source_path) {
+  return Locate(absl::StrCat("perf/", name), flag_name, flag,
+                {SelfDir() + "/" + name,
+                 SelfDir() + "/../" SLUICE_PERF_INSTALL_DATADIR "/sluice/" + name, source_path});
+}
+
 absl::StatusOr<TransportSpec> ParseTransport(const std::string& name, const std::string& shm_tls) {
   if (name == "ucx-tcp") return TransportSpec{name, "ucx", "tcp"};
   if (name == "ucx-shm") return TransportSpec{name, "ucx", shm_tls};
@@ -87,6 +118,58 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
   f.close();
   if (!f) return absl::InternalError(absl::StrCat("error writing ", path));
   return absl::OkStatus();
+}
+
+Record ParseJsonRecord(const std::string& line) {
+  Record r;
+  size_t i = line.find('{');
+  if (i == std::string::npos) return r;
+  auto skip_space = [&] {
+    while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+  };
+  // A string without escapes (the children's keys and words have none).
+  auto read_string = [&](std::string* out) {
+    if (i >= line.size() || line[i] != '"') return false;
+    const size_t end = line.find('"', i + 1);
+    if (end == std::string::npos) return false;
+    *out = line.substr(i + 1, end - i - 1);
+    i = end + 1;
+    return true;
+  };
+  ++i;
+  while (true) {
+    skip_space();
+    std::string key, value;
+    if (!read_string(&key)) break;
+    skip_space();
+    if (i >= line.size() || line[i] != ':') break;
+    ++i;
+    skip_space();
+    if (i < line.size() && line[i] == '"') {
+      if (!read_string(&value)) break;
+      r[key] = value;
+    } else if (i < line.size() && (line[i] == '{' || line[i] == '[')) {
+      int depth = 0;  // skipped
+      for (; i < line.size(); ++i) {
+        depth += line[i] == '{' || line[i] == '[';
+        depth -= line[i] == '}' || line[i] == ']';
+        if (depth == 0) break;
+      }
+      ++i;
+    } else {
+      const size_t end = line.find_first_of(",}", i);
+      value = line.substr(i, end == std::string::npos ? std::string::npos : end - i);
+      while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back()))) {
+        value.pop_back();
+      }
+      r[key] = value == "true" ? "1" : value == "false" ? "0" : value == "null" ? "nan" : value;
+      i = end == std::string::npos ? line.size() : end;
+    }
+    skip_space();
+    if (i >= line.size() || line[i] != ',') break;
+    ++i;
+  }
+  return r;
 }
 
 absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpec& t,

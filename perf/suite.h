@@ -37,6 +37,18 @@ struct Binaries {
 absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
                                         const std::string& plugin_flag);
 
+// The directory holding the `sluice` Python package (the PYTHONPATH of a
+// Python child): `flag` when set, else an installed
+// <prefix>/lib/python3/dist-packages beside sluice-perf's bin/, else the build
+// tree's <build>/python (when it was configured with SLUICE_BUILD_PYTHON).
+// NotFound naming the places looked at otherwise.
+absl::StatusOr<std::string> LocatePythonPackageDir(const std::string& flag);
+// A script of perf/ (`name`): `flag` when set, else next to sluice-perf, in
+// an installed share/sluice/, or in the source tree (`source_path`).
+absl::StatusOr<std::string> LocatePerfScript(const std::string& name, const std::string& flag_name,
+                                             const std::string& flag,
+                                             const std::string& source_path);
+
 // Options every suite takes.
 struct CommonArgs {
   bool quick = false;
@@ -71,6 +83,10 @@ absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpe
                                       double timeout_s);
 
 absl::Status WriteFile(const std::string& path, const std::string& text);
+// A flat one-line JSON object ({"k": 1.5, "s": "word", ...}, as the Python
+// children print) as a Record: numbers and strings as their text, true/false
+// as 1/0, null as "nan". Nested values are skipped. Empty if not an object.
+Record ParseJsonRecord(const std::string& line);
 // "INTERNAL: message" on one line, shortened.
 std::string OneLine(const absl::Status& s);
 
@@ -106,6 +122,14 @@ struct TransportArgs {
   int64_t latency_elements = -1;  // -1: by mode
   bool no_ceilings = false;
   std::string ucx_perftest;       // empty: from PATH
+  // The python rows (perf/python_client.py: sluice from Python over each
+  // UCX transport) and the torch DataLoader rows (perf/torch_transport.py).
+  bool no_python = false;
+  std::string python = "/usr/bin/python3";  // Debian's, with numpy (and python3-torch)
+  std::string python_path;        // empty: LocatePythonPackageDir
+  std::string python_client;      // empty: python_client.py located as LocatePerfScript
+  std::string torch_script;       // empty: torch_transport.py likewise
+  int torch_workers = 2;          // DataLoader num_workers
 };
 absl::Status RunTransport(const TransportArgs& args, const std::string& command);
 

@@ -25,10 +25,11 @@ torchvision cannot be imported, so that sluice-perf skips the torch rows.
 """
 import argparse
 import gc
-import json
 import resource
 import sys
 import time
+
+from perf_child import emit  # beside this script
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -49,14 +50,6 @@ def vm_hwm_bytes(pid):
     except OSError:
         pass
     return 0
-
-
-def emit(result, out):
-    line = json.dumps(result)
-    print(line, flush=True)
-    if out:
-        with open(out, "w") as f:
-            f.write(line + "\n")
 
 
 def main():

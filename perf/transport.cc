@@ -1,7 +1,14 @@
 // sluice-perf transport: one client pulls pre-built elements of each size
 // over ucx-tcp, ucx-shm and grpc; the same run measures the ceilings
 // (ucx_perftest on the same UCX_TLS, single-thread memcpy) and reports each
-// figure as a ratio of its ceiling and of the gRPC path. See docs/perf.md.
+// figure as a ratio of its ceiling and of the gRPC path. Beside each UCX row
+// the same pull from Python (perf/python_client.py, the `sluice` package,
+// against the same workers, right after the C++ client), and at the end
+// torch's DataLoader handing pre-built tensors of each size to its main
+// process (perf/torch_transport.py). See docs/perf.md.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -85,7 +92,17 @@ absl::StatusOr<PerftestResult> RunPerftest(const std::string& binary, const std:
 
 // ---- transport ------------------------------------------------------------------
 
+// The measuring client of a row.
+inline constexpr char kCpp[] = "c++";        // sluice-perf client (measure.cc)
+inline constexpr char kPython[] = "python";  // perf/python_client.py
+inline constexpr char kTorch[] = "torch";    // perf/torch_transport.py (transport "DataLoader")
+
+// python_client.py and torch_transport.py exit with this when they cannot
+// import sluice (or numpy) / torch: their rows are skipped with a note.
+constexpr int kPythonImportExit = 3;
+
 struct TransportRow {
+  std::string client = kCpp;
   TransportSpec transport;
   int64_t size = 0;
   std::optional<Record> rec;
@@ -118,14 +135,36 @@ std::optional<double> Ceiling(const TransportRow& row) {
 
 const TransportRow* GrpcRow(const std::vector<TransportRow>& rows, int64_t size) {
   for (const auto& r : rows) {
-    if (r.transport.protocol == "grpc" && r.size == size && r.rec) return &r;
+    if (r.client == kCpp && r.transport.protocol == "grpc" && r.size == size && r.rec) return &r;
   }
   return nullptr;
 }
 
+// The C++ client's row of the same transport and size as a python row.
+const TransportRow* CppRow(const std::vector<TransportRow>& rows, const TransportRow& row) {
+  if (row.client != kPython) return nullptr;
+  for (const auto& r : rows) {
+    if (r.client == kCpp && r.transport.name == row.transport.name && r.size == row.size &&
+        r.rec) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+// Per-element time of `row` minus the C++ row's, microseconds: what the
+// Python layer adds to each element. Shown up to kOverheadMaxSize, where the
+// per-element cost dominates (above, the difference is transfer-time noise).
+constexpr int64_t kOverheadMaxSize = 4096;
+double OverheadUs(const TransportRow& row, const TransportRow* cpp) {
+  if (cpp == nullptr || row.eps <= 0 || cpp->eps <= 0) return std::nan("");
+  return 1e6 / row.eps - 1e6 / cpp->eps;
+}
+
 std::string TransportRowJson(const TransportRow& row, const std::vector<TransportRow>& rows) {
   JsonObject j;
-  j.Add("transport", row.transport.name)
+  j.Add("client", row.client)
+      .Add("transport", row.transport.name)
       .Add("protocol", row.transport.protocol)
       .Add("ucx_tls", row.transport.ucx_tls)
       .Add("size_bytes", row.size);
@@ -142,18 +181,31 @@ std::string TransportRowJson(const TransportRow& row, const std::vector<Transpor
       .Add("latency_p99_us", RecordNumber(r, "lat_p99_us", std::nan("")))
       .Add("latency_samples", static_cast<int64_t>(RecordNumber(r, "lat_n")))
       .Add("client_cpu_s", row.cpu_s)
-      .Add("client_cpu_s_per_gb", row.cpu_per_gb)
-      .Add("client_payload_bytes_copied",
-           static_cast<int64_t>(RecordNumber(r, "client_payload_bytes_copied")))
-      .Add("ucx_elements_received", static_cast<int64_t>(RecordNumber(r, "ucx_elements_received")))
-      .Add("dedicated_buffer_allocations",
-           static_cast<int64_t>(RecordNumber(r, "dedicated_buffer_allocations")))
-      .Add("perftest_am_bw_gb_per_s", row.am_gbps.value_or(std::nan("")))
+      .Add("client_cpu_s_per_gb", row.cpu_per_gb);
+  // Counters of the sluice clients; null for torch's.
+  for (const char* key :
+       {"client_payload_bytes_copied", "ucx_elements_received", "dedicated_buffer_allocations"}) {
+    if (r.count(key) != 0) {
+      j.Add(key, static_cast<int64_t>(RecordNumber(r, key)));
+    } else {
+      j.AddRaw(key, "null");
+    }
+  }
+  j.Add("perftest_am_bw_gb_per_s", row.am_gbps.value_or(std::nan("")))
       .Add("perftest_tag_bw_gb_per_s", row.tag_gbps.value_or(std::nan("")))
       .Add("ratio_vs_perftest", Ratio(row.gbps, ceiling))
       .Add("memcpy_gb_per_s", row.memcpy_gbps.value_or(std::nan("")))
       .Add("ratio_vs_memcpy", Ratio(row.gbps, row.memcpy_gbps))
       .Add("ratio_vs_grpc", g != nullptr && g != &row ? Ratio(row.gbps, g->gbps) : std::nan(""));
+  if (row.client == kPython) {
+    const TransportRow* cpp = CppRow(rows, row);
+    j.Add("ratio_vs_cpp", cpp != nullptr ? Ratio(row.gbps, cpp->gbps) : std::nan(""))
+        .Add("overhead_us_per_element_vs_cpp", OverheadUs(row, cpp));
+  }
+  if (row.client == kTorch) {
+    j.Add("workers_cpu_s", RecordNumber(r, "workers_cpu_s"))
+        .Add("num_workers", static_cast<int64_t>(RecordNumber(r, "num_workers")));
+  }
   if (!row.perftest_error.empty()) j.Add("perftest_error", row.perftest_error);
   return j.str();
 }
@@ -167,7 +219,7 @@ struct Target {
 std::vector<Target> EvaluateTargets(const std::vector<TransportRow>& rows) {
   std::vector<Target> t;
   for (const auto& row : rows) {
-    if (!row.rec || row.transport.protocol != "ucx") continue;
+    if (!row.rec || row.client != kCpp || row.transport.protocol != "ucx") continue;
     const std::string cell = absl::StrCat(row.transport.name, " ", SizeLabel(row.size));
     const TransportRow* g = GrpcRow(rows, row.size);
     if (row.size >= (1 << 20)) {
@@ -190,6 +242,24 @@ std::vector<Target> EvaluateTargets(const std::vector<TransportRow>& rows) {
     const double copied = RecordNumber(*row.rec, "client_payload_bytes_copied");
     t.push_back({absl::StrCat(cell, ": 0 client payload copies"), copied == 0,
                  absl::StrFormat("%.0f bytes copied", copied)});
+  }
+  // The Python layer, against the C++ client of the same run.
+  for (const auto& row : rows) {
+    const TransportRow* cpp = row.rec ? CppRow(rows, row) : nullptr;
+    if (cpp == nullptr) continue;
+    const std::string cell = absl::StrCat("python ", row.transport.name, " ", SizeLabel(row.size));
+    if (row.size >= (1 << 20) && cpp->gbps > 0) {
+      const double r = row.gbps / cpp->gbps;
+      t.push_back({absl::StrCat(cell, ": >= 90% of the C++ client's GB/s"), r >= 0.9,
+                   absl::StrFormat("%.1f%% (%.2f vs %.2f GB/s)", r * 100, row.gbps, cpp->gbps)});
+    }
+    if (row.size == 64) {
+      const double us = OverheadUs(row, cpp);
+      t.push_back({absl::StrCat(cell, ": <= 2 us per element over C++"),
+                   std::isfinite(us) && us <= 2.0,
+                   absl::StrFormat("%+.2f us (%.2f vs %.2f us per element)", us, 1e6 / row.eps,
+                                   1e6 / cpp->eps)});
+    }
   }
   return t;
 }
@@ -229,15 +299,27 @@ std::string TransportPlotScript(const std::vector<TransportRow>& rows,
   for (const auto& name : transports) {
     ++color;
     std::vector<std::pair<int64_t, double>> pts, ceil;
+    std::vector<std::pair<int64_t, double>> py;
     for (const auto& r : rows) {
       if (r.transport.name != name || !r.rec) continue;
+      if (r.client == kPython) {
+        py.emplace_back(r.size, r.gbps);
+        continue;
+      }
       pts.emplace_back(r.size, r.gbps);
       if (auto c = Ceiling(r)) ceil.emplace_back(r.size, *c);
     }
     add_series("sluice " + name, absl::StrCat("linespoints lw 2 pt 7 lc ", color), pts);
+    add_series("sluice from Python, " + name, absl::StrCat("linespoints lw 1 pt 9 lc ", color),
+               py);
     add_series("ucx_perftest, " + name + "'s UCX_TLS",
                absl::StrCat("linespoints dt 2 pt 6 lc ", color), ceil);
   }
+  std::vector<std::pair<int64_t, double>> torch_pts;
+  for (const auto& r : rows) {
+    if (r.client == kTorch && r.rec) torch_pts.emplace_back(r.size, r.gbps);
+  }
+  add_series("torch DataLoader", "linespoints lw 2 pt 5 lc rgb 'orange'", torch_pts);
   std::map<int64_t, double> memcpy_pts;
   for (const auto& r : rows) {
     if (r.memcpy_gbps) memcpy_pts[r.size] = *r.memcpy_gbps;
@@ -249,29 +331,98 @@ std::string TransportPlotScript(const std::vector<TransportRow>& rows,
 }
 
 void PrintTransportTable(const std::vector<TransportRow>& rows) {
-  std::printf("%-8s %8s %8s %9s %9s %9s %9s %8s %10s %6s %9s %6s %7s\n", "transport", "size",
-              "GB/s", "elem/s", "p50 us", "p99 us", "cpuS/GB", "copied", "perftest", "%pt",
-              "memcpy", "%mcp", "x grpc");
+  std::printf("%-6s %-10s %8s %8s %9s %9s %9s %9s %8s %10s %6s %9s %6s %7s %6s %7s\n", "client",
+              "transport", "size", "GB/s", "elem/s", "p50 us", "p99 us", "cpuS/GB", "copied",
+              "perftest", "%pt", "memcpy", "%mcp", "x grpc", "%c++", "+us/el");
   for (const auto& row : rows) {
     if (!row.rec) {
-      std::printf("%-8s %8s  FAILED: %s\n", row.transport.name.c_str(),
+      std::printf("%-6s %-10s %8s  FAILED: %s\n", row.client.c_str(), row.transport.name.c_str(),
                   SizeLabel(row.size).c_str(), row.error.substr(0, 200).c_str());
       continue;
     }
     const Record& r = *row.rec;
-    const TransportRow* g = GrpcRow(rows, row.size);
+    const TransportRow* g = row.client == kTorch ? nullptr : GrpcRow(rows, row.size);
+    const TransportRow* cpp = CppRow(rows, row);
     const std::optional<double> c = Ceiling(row);
-    std::printf("%-8s %8s %8s %9s %9s %9s %9s %8s %10s %6s %9s %6s %7s\n",
-                row.transport.name.c_str(), SizeLabel(row.size).c_str(), Num(row.gbps).c_str(),
+    std::printf("%-6s %-10s %8s %8s %9s %9s %9s %9s %8s %10s %6s %9s %6s %7s %6s %7s\n",
+                row.client.c_str(), row.transport.name.c_str(), SizeLabel(row.size).c_str(),
+                Num(row.gbps).c_str(),
                 Count(row.eps).c_str(), Num(RecordNumber(r, "lat_p50_us", std::nan("")), 1).c_str(),
                 Num(RecordNumber(r, "lat_p99_us", std::nan("")), 1).c_str(),
                 Num(row.cpu_per_gb, 2).c_str(),
-                Count(RecordNumber(r, "client_payload_bytes_copied")).c_str(),
+                Count(RecordNumber(r, "client_payload_bytes_copied", std::nan(""))).c_str(),
                 c ? Num(*c).c_str() : "-", Pct(Ratio(row.gbps, c)).c_str(),
                 row.memcpy_gbps ? Num(*row.memcpy_gbps).c_str() : "-",
                 Pct(Ratio(row.gbps, row.memcpy_gbps)).c_str(),
-                g != nullptr && g != &row ? Times(Ratio(row.gbps, g->gbps)).c_str() : "-");
+                g != nullptr && g != &row ? Times(Ratio(row.gbps, g->gbps)).c_str() : "-",
+                cpp != nullptr ? Pct(Ratio(row.gbps, cpp->gbps)).c_str() : "-",
+                cpp != nullptr && row.size <= kOverheadMaxSize
+                    ? absl::StrFormat("%+.2f", OverheadUs(row, cpp)).c_str()
+                    : "-");
   }
+}
+
+// A Python child's outcome: its record, or `missing` (it could not import
+// what it needs: the rows are skipped with a note, not failed).
+struct PythonOutcome {
+  absl::StatusOr<std::vector<Record>> records = absl::UnknownError("not run");
+  bool missing = false;
+  std::string missing_why;
+};
+
+// Runs `python script args...` with PYTHONPATH=`python_path` (when set) and
+// `t`'s environment; it writes one JSON object per line to `--out`.
+PythonOutcome RunPythonChild(const std::string& python, const std::string& script,
+                             std::vector<std::string> args, const std::string& python_path,
+                             const TransportSpec& t, const ScratchDir& scratch,
+                             const std::string& name, double timeout_s) {
+  PythonOutcome o;
+  const std::string out = scratch.File(name + ".json");
+  args.insert(args.begin(), script);
+  args.push_back("--out");
+  args.push_back(out);
+  std::vector<std::pair<std::string, std::string>> env = ChildEnv(t);
+  if (!python_path.empty()) env.emplace_back("PYTHONPATH", python_path);
+  env.emplace_back("PYTHONDONTWRITEBYTECODE", "1");  // no __pycache__ in the source tree
+  ChildProcess child(name, scratch.File(name + ".log"));
+  absl::Status st = child.Start(python, args, env);
+  absl::StatusOr<int> ws = st.ok() ? child.Wait(absl::Seconds(timeout_s)) : st;
+  if (!ws.ok()) {
+    o.records = absl::Status(ws.status().code(), absl::StrCat(name, ": ", ws.status().message(),
+                                                               "; log:\n", child.LogTail()));
+    return o;
+  }
+  std::vector<Record> records;
+  for (absl::string_view line : absl::StrSplit(ReadWholeFile(out), '\n', absl::SkipEmpty())) {
+    Record r = ParseJsonRecord(std::string(line));
+    if (!r.empty()) records.push_back(std::move(r));
+  }
+  if (WIFEXITED(*ws) && WEXITSTATUS(*ws) == kPythonImportExit) {
+    o.missing = true;
+    o.missing_why = !records.empty() && records[0].count("message") != 0
+                        ? records[0]["message"]
+                        : child.LogTail(300);
+    return o;
+  }
+  if (!WIFEXITED(*ws) || WEXITSTATUS(*ws) != 0 || records.empty()) {
+    o.records = absl::InternalError(absl::StrCat(name, ": ", python, " ", script, " ",
+                                                 DescribeWaitStatus(*ws), "; log:\n",
+                                                 child.LogTail()));
+    return o;
+  }
+  o.records = std::move(records);
+  return o;
+}
+
+// The python_client.py arguments for the C++ client's options `o`.
+std::vector<std::string> PythonClientArgs(const ClientOptions& o) {
+  return {"--service", o.service, "--protocol", o.protocol, "--size", absl::StrCat(o.arg),
+          "--max_outstanding_requests", absl::StrCat(o.max_outstanding_requests),
+          "--warmup_elements", absl::StrCat(o.warmup_elements), "--max_elements",
+          absl::StrCat(o.max_elements), "--max_bytes", absl::StrCat(o.max_bytes),
+          "--max_seconds", absl::StrCat(o.max_seconds), "--latency_elements",
+          absl::StrCat(o.latency_elements), "--latency_seconds", absl::StrCat(o.latency_seconds),
+          "--plugin", o.plugin};
 }
 
 int64_t Clamp(int64_t v, int64_t lo, int64_t hi) { return std::max(lo, std::min(hi, v)); }
@@ -321,11 +472,35 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
                                     "ceilings, ratios vs perftest are missing");
   }
 
+  // The python and torch rows: skipped, with a note, when python, its
+  // scripts or the sluice package are missing (the torch rows need only torch).
+  std::string python_skip, torch_skip;
+  std::string python = a.python;
+  if (python.find('/') == std::string::npos) python = FindOnPath(python);
+  absl::StatusOr<std::string> python_client = LocatePerfScript(
+      "python_client.py", "--python_client", a.python_client, SLUICE_PERF_PYTHON_CLIENT);
+  absl::StatusOr<std::string> torch_script = LocatePerfScript(
+      "torch_transport.py", "--torch_script", a.torch_script, SLUICE_PERF_TORCH_TRANSPORT_SCRIPT);
+  absl::StatusOr<std::string> python_path = LocatePythonPackageDir(a.python_path);
+  if (a.no_python) {
+    python_skip = torch_skip = "--no_python";
+  } else if (python.empty() || access(python.c_str(), X_OK) != 0) {
+    python_skip = torch_skip = absl::StrCat("no python at ", a.python, " (--python)");
+  } else {
+    if (!python_client.ok()) python_skip = std::string(python_client.status().message());
+    else if (!python_path.ok()) python_skip = std::string(python_path.status().message());
+    if (!torch_script.ok()) torch_skip = std::string(torch_script.status().message());
+  }
+
   int ucx_transports = 0;
   for (const auto& t : transports) ucx_transports += t.protocol == "ucx";
   const int steps = static_cast<int>(sizes.size()) *
-                    (1 + static_cast<int>(transports.size()) +
-                     (perftest.empty() ? 0 : ucx_transports * static_cast<int>(perftest_tests.size())));
+                        (1 + static_cast<int>(transports.size()) +
+                         (python_skip.empty() ? ucx_transports : 0) +
+                         (perftest.empty() ? 0
+                                           : ucx_transports *
+                                                 static_cast<int>(perftest_tests.size()))) +
+                    (torch_skip.empty() ? 1 : 0);
   Progress progress("transport", steps);
 
   // The memcpy ceiling, once per size (this process, one thread).
@@ -350,8 +525,8 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
       row.memcpy_gbps = memcpy_gbps[size];
       absl::StatusOr<Record> rec = absl::UnknownError("not run");
       if (!cluster.ok()) rec = cluster.status();
+      ClientOptions o;  // the python row below runs with the same options
       if (cluster.ok()) {
-        ClientOptions o;
         o.service = (*cluster)->target();
         o.protocol = t.protocol;
         o.workload = "payload";
@@ -396,11 +571,52 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
       }
       Derive(row);
       rows.push_back(std::move(row));
+
+      // The same pull from Python, against the same workers, right after.
+      if (t.protocol != "ucx" || !python_skip.empty()) continue;
+      progress.Step(absl::StrCat("python ", t.name, " ", SizeLabel(size)));
+      TransportRow py;
+      py.client = kPython;
+      py.transport = t;
+      py.size = size;
+      py.memcpy_gbps = memcpy_gbps[size];
+      absl::StatusOr<Record> prec = absl::UnknownError("not run");
+      if (!cluster.ok()) prec = cluster.status();
+      if (cluster.ok()) {
+        PythonOutcome out =
+            RunPythonChild(python, *python_client, PythonClientArgs(o), *python_path, t, scratch,
+                           absl::StrCat("python-", t.name, "-", size),
+                           seconds + o.latency_seconds + 120);
+        if (out.missing) {
+          python_skip = absl::StrCat(python, " cannot import sluice (PYTHONPATH=", *python_path,
+                                     "): ", out.missing_why);
+          continue;
+        }
+        prec = out.records.ok() ? absl::StatusOr<Record>(out.records->front())
+                                : absl::StatusOr<Record>(out.records.status());
+        if (prec.ok() && RecordNumber(*prec, "ucx_elements_received") +
+                                 static_cast<double>(a.max_outstanding * kMaxElementsPerReply) <
+                             RecordNumber(*prec, "elements")) {
+          prec = absl::InternalError(absl::StrCat(
+              "only ", (*prec)["ucx_elements_received"], " of ", (*prec)["elements"],
+              " elements arrived over UCX (did a worker serve gRPC only?)"));
+        }
+      }
+      if (prec.ok()) {
+        py.rec = *std::move(prec);
+      } else {
+        py.error = OneLine(prec.status());
+        std::fprintf(stderr, "\nsluice-perf: python %s %s failed: %s\n", t.name.c_str(),
+                     SizeLabel(size).c_str(), std::string(prec.status().message()).c_str());
+        any_failed = true;
+      }
+      Derive(py);
+      rows.push_back(std::move(py));
     }
     cluster = absl::CancelledError("stopped");  // workers gone before the ceilings run
     if (t.protocol != "ucx" || perftest.empty()) continue;
     for (auto& row : rows) {
-      if (row.transport.name != t.name) continue;
+      if (row.client != kCpp || row.transport.name != t.name) continue;
       for (const auto& test : perftest_tests) {
         progress.Step(absl::StrCat("ucx_perftest ", test, " ", t.name, " ", SizeLabel(row.size)));
         const std::string name = absl::StrCat("perftest-", t.name, "-", test, "-", row.size);
@@ -423,6 +639,59 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
       }
     }
   }
+  // torch's DataLoader, every size in one script run (torch imports once),
+  // after the services are gone.
+  std::string torch_version;
+  if (torch_skip.empty()) {
+    progress.Step(absl::StrCat("torch DataLoader num_workers=", a.torch_workers));
+    std::vector<std::string> size_list, warmups;
+    for (int64_t size : sizes) {
+      size_list.push_back(absl::StrCat(size));
+      warmups.push_back(absl::StrCat(Clamp((int64_t{64} << 20) / size, 2, 200)));
+    }
+    const TransportSpec dl{"DataLoader", "torch", ""};
+    PythonOutcome out = RunPythonChild(
+        python, *torch_script,
+        {"--sizes", absl::StrJoin(size_list, ","), "--num_workers", absl::StrCat(a.torch_workers),
+         "--warmup_elements", absl::StrJoin(warmups, ","), "--max_elements",
+         absl::StrCat(max_elements), "--max_bytes", absl::StrCat(byte_budget), "--max_seconds",
+         absl::StrCat(seconds)},
+        "", dl, scratch, "torch-transport",
+        static_cast<double>(sizes.size()) * (seconds + 30) + 60);
+    if (out.missing) {
+      torch_skip = absl::StrCat(python, " cannot import torch: ", out.missing_why);
+    } else {
+      for (int64_t size : sizes) {
+        TransportRow row;
+        row.client = kTorch;
+        row.transport = dl;
+        row.size = size;
+        row.memcpy_gbps = memcpy_gbps[size];
+        if (out.records.ok()) {
+          for (const Record& r : *out.records) {
+            if (RecordNumber(r, "size", -1) == static_cast<double>(size)) row.rec = r;
+          }
+          if (row.rec && torch_version.empty()) {
+            torch_version = absl::StrCat("torch ", (*row.rec)["torch"], ", DataLoader(batch_size=None, num_workers=",
+                                         a.torch_workers, "), ",
+                                         (*row.rec)["torch_threads"], " intra-op thread(s)");
+          }
+        }
+        if (!row.rec) {
+          row.error = out.records.ok() ? "no result for this size" : OneLine(out.records.status());
+          std::fprintf(stderr, "\nsluice-perf: torch DataLoader %s failed: %s\n",
+                       SizeLabel(size).c_str(), row.error.c_str());
+          any_failed = true;
+        }
+        Derive(row);
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+  if (!python_skip.empty() && ucx_transports > 0) {
+    notes.push_back(absl::StrCat("python rows skipped: ", python_skip));
+  }
+  if (!torch_skip.empty()) notes.push_back(absl::StrCat("torch rows skipped: ", torch_skip));
   progress.Finish();
 
   // ---- report ----
@@ -443,6 +712,44 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
       "that size through 256 MiB buffers; x grpc = GB/s (= elem/s) ratio to the grpc row of the "
       "same size.\n",
       seconds);
+  std::printf(
+      "client: c++ = the sluice-perf client; python = perf/python_client.py (the sluice package "
+      "from %s, each element a numpy array) right after the c++ row against the same workers "
+      "(%%c++ = its GB/s over the c++ row's; +us/el = 1e6/elem/s minus the c++ row's: what the "
+      "Python layer adds per element); torch = perf/torch_transport.py, DataLoader(batch_size="
+      "None, num_workers=%d) handing each worker's one pre-built uint8 tensor to the main "
+      "process (cpuS/GB: main process only).\n",
+      python.c_str(), a.torch_workers);
+  if (!torch_version.empty()) std::printf("torch: %s\n", torch_version.c_str());
+  // Python's sluice next to torch's DataLoader, size by size.
+  std::vector<std::string> versus_json;
+  for (int64_t size : sizes) {
+    const TransportRow* torch = nullptr;
+    std::vector<std::string> cells;
+    JsonObject j;
+    j.Add("size_bytes", size);
+    for (const auto& r : rows) {
+      if (r.size != size || !r.rec) continue;
+      if (r.client == kTorch) torch = &r;
+      if (r.client != kPython) continue;
+      cells.push_back(absl::StrFormat("python %s %s GB/s (%s elem/s)", r.transport.name,
+                                      Num(r.gbps), Count(r.eps)));
+      j.Add(absl::StrCat("python_", r.transport.name, "_gb_per_s"), r.gbps);
+    }
+    if (torch == nullptr || cells.empty()) continue;
+    if (versus_json.empty()) std::printf("sluice from Python vs torch DataLoader:\n");
+    double best = 0;
+    for (const auto& r : rows) {
+      if (r.size == size && r.rec && r.client == kPython) best = std::max(best, r.gbps);
+    }
+    std::printf("  %8s: %s; torch %s GB/s (%s elem/s); best python / torch %s\n",
+                SizeLabel(size).c_str(), absl::StrJoin(cells, ", ").c_str(),
+                Num(torch->gbps).c_str(), Count(torch->eps).c_str(),
+                Times(Ratio(best, torch->gbps)).c_str());
+    versus_json.push_back(j.Add("torch_gb_per_s", torch->gbps)
+                              .Add("best_python_over_torch", Ratio(best, torch->gbps))
+                              .str());
+  }
   for (const auto& row : rows) {
     if (!row.perftest_error.empty()) {
       std::printf("note: ucx_perftest for %s %s failed: %s\n", row.transport.name.c_str(),
@@ -473,6 +780,8 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
   report.fields = {
       {"workers", absl::StrCat(a.workers)},
       {"max_outstanding_requests", absl::StrCat(a.max_outstanding)},
+      {"python", JsonQuote(python_skip.empty() ? python : "skipped")},
+      {"torch", JsonQuote(torch_version.empty() ? "skipped" : torch_version)},
       {"units", JsonObject()
                     .Add("gb_per_s", "1e9 bytes/s")
                     .Add("latency", "microseconds per Next() with max_outstanding_requests=1")
@@ -481,7 +790,8 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
                     .str()}};
   std::vector<std::string> row_json;
   for (const auto& row : rows) row_json.push_back(TransportRowJson(row, rows));
-  report.sections = {{"rows", row_json}, {"targets", target_json}};
+  report.sections = {
+      {"rows", row_json}, {"targets", target_json}, {"python_vs_torch", versus_json}};
   report.notes = notes;
   return FinishRun(a.common, report, any_failed, scratch);
 }

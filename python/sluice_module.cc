@@ -143,7 +143,8 @@ Tensor TensorFromPy(py::handle obj) {
   if (py::isinstance<py::bytes>(obj) || py::isinstance<py::str>(obj)) {
     return Tensor::String(obj.cast<std::string>());
   }
-  py::array arr = np.attr("ascontiguousarray")(obj);
+  // asarray keeps a 0-d array (a scalar) 0-d; ascontiguousarray would make it [1].
+  py::array arr = np.attr("asarray")(obj, py::arg("order") = "C");
   std::vector<int64_t> dims(arr.shape(), arr.shape() + arr.ndim());
   std::string kind = arr.dtype().attr("kind").cast<std::string>();
   if (kind == "S" || kind == "U" || kind == "O") {

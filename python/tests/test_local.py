@@ -27,7 +27,8 @@ def test_sources():
     out = list(ds)
     assert len(out) == 2
     np.testing.assert_array_equal(out[1][0], a * 2)
-    assert out[1][1].dtype == np.int32 and int(out[1][1]) == 2
+    assert out[1][1].dtype == np.int32 and out[1][1].shape == () and int(out[1][1]) == 2
+    assert [e.shape for e in sluice.Dataset.from_tensors([np.int64(7), 8])] == [(), ()]
     assert out[0][2] == b"one" and out[1][2] == b"two"
     strings = list(sluice.Dataset.from_tensors([np.array([[b"a", b"bc"], [b"", b"d"]])]))
     assert strings == [[[b"a", b"bc"], [b"", b"d"]]]

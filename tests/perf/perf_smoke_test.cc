@@ -66,7 +66,8 @@ TEST(PerfSmokeTest, TransportReportsOneRowPerSizeAndTransport) {
   const std::string json = Scratch("transport.json");
   std::string out;
   const int rc = RunPerf(absl::StrCat("transport --sizes 64,4K --transports ucx-tcp,grpc "
-                                      "--seconds 0.2 --latency_elements 5 --no_ceilings --json '",
+                                      "--seconds 0.2 --latency_elements 5 --no_ceilings "
+                                      "--no_python --json '",
                                       json, "'"),
                          &out);
   ASSERT_EQ(rc, 0) << out;
@@ -89,6 +90,58 @@ TEST(PerfSmokeTest, TransportReportsOneRowPerSizeAndTransport) {
   // The table a person reads.
   EXPECT_THAT(out, ::testing::HasSubstr("transport"));
   EXPECT_THAT(out, ::testing::HasSubstr("4 KiB"));
+  EXPECT_THAT(out, ::testing::HasSubstr("python rows skipped: --no_python"));
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("\"client\":\"python\"")));
+}
+
+// The python rows (sluice from Python beside each C++ UCX row) and the torch
+// DataLoader rows, in a tiny run: one row per size each, or the note saying
+// why they were skipped (the module not built, torch not installed).
+TEST(PerfSmokeTest, TransportReportsPythonAndTorchRows) {
+  const std::string json = Scratch("transport_python.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("transport --quick --sizes 64,1M --transports ucx-tcp "
+                                      "--seconds 0.2 --latency_elements 5 --no_ceilings --json '",
+                                      json, "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  const bool python_skipped = text.find("python rows skipped: ") != std::string::npos;
+  const bool torch_skipped = text.find("torch rows skipped: ") != std::string::npos;
+  for (long size : {64L, 1048576L}) {
+    auto cpp = Rows(text, absl::StrCat("\"client\":\"c\\+\\+\",\"transport\":\"ucx-tcp\".*"
+                                       "\"size_bytes\":", size, ","));
+    ASSERT_EQ(cpp.size(), 1u) << size << "\n" << text;
+    auto py = Rows(text, absl::StrCat("\"client\":\"python\",\"transport\":\"ucx-tcp\".*"
+                                      "\"size_bytes\":", size, ","));
+    if (python_skipped) {
+      EXPECT_TRUE(py.empty()) << text;
+    } else {
+      ASSERT_EQ(py.size(), 1u) << size << "\n" << text;
+      EXPECT_GT(Field(py[0], "elements"), 0) << py[0];
+      EXPECT_GT(Field(py[0], "latency_samples"), 0) << py[0];
+      EXPECT_EQ(Field(py[0], "client_payload_bytes_copied"), 0) << py[0];
+      EXPECT_NE(py[0].find("\"ratio_vs_cpp\":"), std::string::npos) << py[0];
+    }
+    auto torch = Rows(text, absl::StrCat("\"client\":\"torch\",\"transport\":\"DataLoader\""
+                                         ".*\"size_bytes\":", size, ","));
+    if (torch_skipped) {
+      EXPECT_TRUE(torch.empty()) << text;
+    } else {
+      ASSERT_EQ(torch.size(), 1u) << size << "\n" << text;
+      EXPECT_GT(Field(torch[0], "elements"), 0) << torch[0];
+      EXPECT_EQ(Field(torch[0], "num_workers"), 2) << torch[0];
+    }
+  }
+  if (!python_skipped) {
+    EXPECT_THAT(text, ::testing::HasSubstr("\"target\":\"python ucx-tcp 64 B: <= 2 us per element"));
+    EXPECT_THAT(text, ::testing::HasSubstr("\"target\":\"python ucx-tcp 1 MiB: >= 90% of the C++"));
+    EXPECT_THAT(out, ::testing::HasSubstr("python ucx-tcp"));
+  }
+  if (!torch_skipped) {
+    EXPECT_THAT(out, ::testing::HasSubstr("torch  DataLoader"));
+  }
 }
 
 TEST(PerfSmokeTest, PipelineReportsEachWorkerCount) {
