@@ -73,3 +73,21 @@ def test_tensor_handles_outlive_the_iterator(service):
     for arr_t, meta_t in elements:
         np.testing.assert_array_equal(arr_t.numpy(), BIG)
         assert meta_t.numpy() == b"meta" and meta_t.dtype == "string"
+
+
+def test_dropping_views_releases_their_receive_pool_slots(service):
+    """Backpressure: views hold receive-pool slots until they are dropped."""
+    base = sluice.transport_stats()["pool_buffers_in_use"]
+    ds = sluice.Dataset.from_tensors([BIG]).repeat(3).distribute(
+        service=service.target, data_transfer_protocol="ucx")
+    held = list(ds)  # 6 views of 1 MiB, one reply each
+    assert len(held) == 6
+    gc.collect()
+    in_use = sluice.transport_stats()["pool_buffers_in_use"]
+    assert in_use >= base + len(held)
+    del held[:3]
+    gc.collect()
+    assert sluice.transport_stats()["pool_buffers_in_use"] == in_use - 3
+    del held
+    gc.collect()
+    assert sluice.transport_stats()["pool_buffers_in_use"] == base
