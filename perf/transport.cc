@@ -382,7 +382,15 @@ PythonOutcome RunPythonChild(const std::string& python, const std::string& scrip
   args.push_back("--out");
   args.push_back(out);
   std::vector<std::pair<std::string, std::string>> env = ChildEnv(t);
-  if (!python_path.empty()) env.emplace_back("PYTHONPATH", python_path);
+  if (!python_path.empty()) {
+    env.emplace_back("PYTHONPATH", python_path);
+    // A sanitizer build's module needs the ASan runtime loaded first (and
+    // CPython's allocations would read as leaks).
+    if (std::string_view(SLUICE_PERF_PYTHON_PRELOAD).size() > 0) {
+      env.emplace_back("LD_PRELOAD", SLUICE_PERF_PYTHON_PRELOAD);
+      env.emplace_back("ASAN_OPTIONS", "detect_leaks=0");
+    }
+  }
   env.emplace_back("PYTHONDONTWRITEBYTECODE", "1");  // no __pycache__ in the source tree
   ChildProcess child(name, scratch.File(name + ".log"));
   absl::Status st = child.Start(python, args, env);
