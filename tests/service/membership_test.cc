@@ -169,6 +169,14 @@ TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
                               c.graceful ? ", SIGTERM" : ", SIGKILL"));
     DistributeOptions opt = Options("distributed_epoch");
     opt.max_outstanding_requests = outstanding;
+    // Known defect, not what this test checks: after a graceful (SIGTERM)
+    // restart, the UCX variants stall about 5 s (the grpc one does not):
+    // the client's connection attempt to the new dispatcher hangs until
+    // gRPC abandons it ("tcp handshaker shutdown" after the 5 s minimum
+    // connect timeout of control/grpc_util.cc). Under ASan on a loaded
+    // machine two such attempts exceeded the default 10 s dispatcher
+    // timeout (1 CI run in 3); give the test room for that.
+    opt.dispatcher_timeout_ms = 30000;
     std::vector<int64_t> values;
     absl::Status restarted = absl::UnknownError("never restarted");
     {
