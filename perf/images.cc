@@ -144,11 +144,13 @@ struct Corpus {
   std::string origin;                      // "made", "reused" or "given"
 };
 
+// An extension ImageFolder takes (image::DefaultImageExtensions, lower case).
 bool IsImageFile(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return std::tolower(c); });
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+  const std::vector<std::string>& exts = image::DefaultImageExtensions();
+  return std::find(exts.begin(), exts.end(), ext) != exts.end();
 }
 
 // Counts root/<class>/<image> as ImageFolder lists them.

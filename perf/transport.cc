@@ -117,6 +117,22 @@ double Ratio(double a, std::optional<double> b) {
   return b.has_value() && *b > 0 ? a / *b : std::nan("");
 }
 
+// The client's UCX receipt counter against its Next() count: they differ
+// by the elements buffered at the pass's start and end (at most
+// max_outstanding_requests replies, each batching up to
+// kMaxElementsPerReply small elements). Anything beyond that came over
+// gRPC.
+absl::Status CheckArrivedOverUcx(const Record& r, int64_t max_outstanding) {
+  if (RecordNumber(r, "ucx_elements_received") +
+          static_cast<double>(max_outstanding * kMaxElementsPerReply) <
+      RecordNumber(r, "elements")) {
+    return absl::InternalError(absl::StrCat(
+        "only ", RecordNumber(r, "ucx_elements_received"), " of ", RecordNumber(r, "elements"),
+        " elements arrived over UCX (did a worker serve gRPC only?)"));
+  }
+  return absl::OkStatus();
+}
+
 void Derive(TransportRow& row) {
   if (!row.rec) return;
   const Record& r = *row.rec;
@@ -522,6 +538,19 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
 
   std::vector<TransportRow> rows;
   bool any_failed = false;
+  // A measured row's record, or its error (reported now), then its derived figures.
+  auto finish_row = [&](TransportRow row, absl::StatusOr<Record> rec, const std::string& what) {
+    if (rec.ok()) {
+      row.rec = *std::move(rec);
+    } else {
+      row.error = OneLine(rec.status());
+      std::fprintf(stderr, "\nsluice-perf: %s %s failed: %s\n", what.c_str(),
+                   SizeLabel(row.size).c_str(), std::string(rec.status().message()).c_str());
+      any_failed = true;
+    }
+    Derive(row);
+    rows.push_back(std::move(row));
+  };
   for (const auto& t : transports) {
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         Cluster::Start(ClusterFor(bin, a.common, t, a.workers, scratch, t.name));
@@ -549,18 +578,8 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
         o.plugin = bin.plugin;
         rec = RunClientChild(o, t, scratch, absl::StrCat(t.name, "-client-", size),
                              seconds + o.latency_seconds + 120);
-        // The counter counts receipts, the pass counts Next() calls: they
-        // differ by the elements buffered at its start and end (at most
-        // max_outstanding_requests replies, each batching up to
-        // kMaxElementsPerReply small elements). Anything beyond that came
-        // over gRPC.
-        if (rec.ok() && t.protocol == "ucx" &&
-            RecordNumber(*rec, "ucx_elements_received") +
-                    static_cast<double>(a.max_outstanding * kMaxElementsPerReply) <
-                RecordNumber(*rec, "elements")) {
-          rec = absl::InternalError(absl::StrCat(
-              "only ", (*rec)["ucx_elements_received"], " of ", (*rec)["elements"],
-              " elements arrived over UCX (did a worker serve gRPC only?)"));
+        if (rec.ok() && t.protocol == "ucx") {
+          if (absl::Status s = CheckArrivedOverUcx(*rec, a.max_outstanding); !s.ok()) rec = s;
         }
         if (!rec.ok()) {
           if (absl::Status alive = (*cluster)->CheckWorkersAlive(); !alive.ok()) {
@@ -569,16 +588,7 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
           }
         }
       }
-      if (rec.ok()) {
-        row.rec = *std::move(rec);
-      } else {
-        row.error = OneLine(rec.status());
-        std::fprintf(stderr, "\nsluice-perf: %s %s failed: %s\n", t.name.c_str(),
-                     SizeLabel(size).c_str(), std::string(rec.status().message()).c_str());
-        any_failed = true;
-      }
-      Derive(row);
-      rows.push_back(std::move(row));
+      finish_row(std::move(row), std::move(rec), t.name);
 
       // The same pull from Python, against the same workers, right after.
       if (t.protocol != "ucx" || !python_skip.empty()) continue;
@@ -602,24 +612,11 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
         }
         prec = out.records.ok() ? absl::StatusOr<Record>(out.records->front())
                                 : absl::StatusOr<Record>(out.records.status());
-        if (prec.ok() && RecordNumber(*prec, "ucx_elements_received") +
-                                 static_cast<double>(a.max_outstanding * kMaxElementsPerReply) <
-                             RecordNumber(*prec, "elements")) {
-          prec = absl::InternalError(absl::StrCat(
-              "only ", (*prec)["ucx_elements_received"], " of ", (*prec)["elements"],
-              " elements arrived over UCX (did a worker serve gRPC only?)"));
+        if (prec.ok()) {
+          if (absl::Status s = CheckArrivedOverUcx(*prec, a.max_outstanding); !s.ok()) prec = s;
         }
       }
-      if (prec.ok()) {
-        py.rec = *std::move(prec);
-      } else {
-        py.error = OneLine(prec.status());
-        std::fprintf(stderr, "\nsluice-perf: python %s %s failed: %s\n", t.name.c_str(),
-                     SizeLabel(size).c_str(), std::string(prec.status().message()).c_str());
-        any_failed = true;
-      }
-      Derive(py);
-      rows.push_back(std::move(py));
+      finish_row(std::move(py), std::move(prec), "python " + t.name);
     }
     cluster = absl::CancelledError("stopped");  // workers gone before the ceilings run
     if (t.protocol != "ucx" || perftest.empty()) continue;
