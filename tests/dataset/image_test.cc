@@ -17,9 +17,9 @@ namespace sluice {
 namespace {
 
 using ::sluice_test::Collect;
-using ::sluice_test::EncodeJpeg;
-using ::sluice_test::ReferenceDecode;
 using ::sluice_test::SyntheticRgb;
+using ::sluice_test::TjDecodeFull;
+using ::sluice_test::TjEncode;
 using ::sluice_test::TempDir;
 using expr::x;
 
@@ -30,7 +30,7 @@ constexpr std::array<float, 3> kStd = {0.229f, 0.224f, 0.225f};
 std::vector<Element> Jpegs(int n, int height = 48, int width = 64) {
   std::vector<Element> out;
   for (int i = 0; i < n; ++i) {
-    out.push_back({Tensor::String(EncodeJpeg(SyntheticRgb(height, width, i), height, width))});
+    out.push_back({Tensor::String(TjEncode(SyntheticRgb(height, width, i), height, width))});
   }
   return out;
 }
@@ -40,14 +40,13 @@ std::string Bytes(const Tensor& t) {
 }
 
 TEST(ImageTest, DecodeInAMapIsLibjpegsDecode) {
-  const std::string jpeg = EncodeJpeg(SyntheticRgb(37, 53, 1), 37, 53);
+  const std::string jpeg = TjEncode(SyntheticRgb(37, 53, 1), 37, 53);
   Dataset ds = Dataset::FromTensors({{Tensor::String(jpeg)}}).Map(image::Decode(x));
   ASSERT_OK(ds.status());
   EXPECT_EQ(ds.element_spec().ToString(), "(uint8[?,?,3])");
   ASSERT_OK_AND_ASSIGN(auto out, Collect(ds));
   ASSERT_EQ(out.size(), 1u);
-  int h = 0, w = 0;
-  std::vector<uint8_t> ref = ReferenceDecode(jpeg, &h, &w);
+  std::vector<uint8_t> ref = TjDecodeFull(jpeg, TJPF_RGB);
   ASSERT_EQ(out[0][0].shape().dims(), (std::vector<int64_t>{37, 53, 3}));
   EXPECT_EQ(Bytes(out[0][0]), std::string(ref.begin(), ref.end()));
 }
@@ -96,7 +95,7 @@ TEST(ImageTest, CropOfADecodeDecodesOnlyTheRegionWithTheSamePixels) {
 }
 
 TEST(ImageTest, ResizeOfADecodeMayDecodeScaledDown) {
-  const std::string jpeg = EncodeJpeg(SyntheticRgb(200, 300, 4), 200, 300);
+  const std::string jpeg = TjEncode(SyntheticRgb(200, 300, 4), 200, 300);
   Dataset ds = Dataset::FromTensors({{Tensor::String(jpeg)}}).Map(image::Resize(image::Decode(x), 50));
   ASSERT_OK_AND_ASSIGN(auto out, Collect(ds));
   // torchvision's Resize(50) of 200 x 300: 50 x 75.
@@ -124,7 +123,7 @@ TEST(ImageTest, CenterCropAndResizeLikeTorchvisionsEvalTransform) {
 
 TEST(ImageTest, CorruptImagesAreInvalidArgumentNamingTheFile) {
   TempDir dir;
-  std::string jpeg = EncodeJpeg(SyntheticRgb(40, 40, 9), 40, 40);
+  std::string jpeg = TjEncode(SyntheticRgb(40, 40, 9), 40, 40);
   sluice_test::WriteBytes(dir.File("cut.jpg"), jpeg.substr(0, jpeg.size() / 2));
   sluice_test::WriteBytes(dir.File("junk.jpg"), "this is not an image at all");
   for (const char* name : {"cut.jpg", "junk.jpg"}) {
@@ -229,7 +228,7 @@ TEST(ImageTest, EpochsUnderRepeatDrawAnew) {
 TEST(ImageTest, ImageFolderLabelsByParentDirectory) {
   TempDir dir;
   for (const char* d : {"dog", "cat", "empty"}) std::filesystem::create_directory(dir.File(d));
-  const std::string jpeg = EncodeJpeg(SyntheticRgb(8, 8, 1), 8, 8);
+  const std::string jpeg = TjEncode(SyntheticRgb(8, 8, 1), 8, 8);
   for (const char* f : {"cat/1.jpg", "cat/2.JPEG", "dog/a.png", "dog/notes.txt", "top.jpg"}) {
     sluice_test::WriteBytes(dir.File(f), jpeg);
   }

@@ -886,7 +886,7 @@ TEST_P(ServiceTest, SeededAugmentationIsTheSameWhateverTheNumberOfWorkers) {
   sluice_test::TempDir dir;
   for (const char* c : {"a", "b", "c"}) std::filesystem::create_directory(dir.File(c));
   for (int i = 0; i < 12; ++i) {
-    const std::string jpeg = sluice_test::EncodeJpeg(sluice_test::SyntheticRgb(30, 40, i), 30, 40);
+    const std::string jpeg = sluice_test::TjEncode(sluice_test::SyntheticRgb(30, 40, i), 30, 40);
     sluice_test::WriteBytes(dir.File(std::string(1, "abc"[i % 3]) + "/" + std::to_string(i) + ".jpg"),
                             jpeg);
   }
