@@ -10,11 +10,57 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "sluice/core/status.h"
 
 namespace sluice::internal::ucx {
 
+absl::StatusCode UcsStatusCode(ucs_status_t s) {
+  switch (s) {
+    case UCS_OK:
+      return absl::StatusCode::kOk;
+    case UCS_ERR_CANCELED:
+      return absl::StatusCode::kCancelled;
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+      return absl::StatusCode::kDeadlineExceeded;
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return absl::StatusCode::kInvalidArgument;
+    case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_NOT_IMPLEMENTED:
+      return absl::StatusCode::kUnimplemented;
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+    case UCS_ERR_BUFFER_TOO_SMALL:
+      return absl::StatusCode::kResourceExhausted;
+    case UCS_ERR_NO_ELEM:
+    case UCS_ERR_NO_DEVICE:
+      return absl::StatusCode::kNotFound;
+    case UCS_ERR_ALREADY_EXISTS:
+      return absl::StatusCode::kAlreadyExists;
+    case UCS_ERR_OUT_OF_RANGE:
+      return absl::StatusCode::kOutOfRange;
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      return absl::StatusCode::kDataLoss;
+    // The peer or the path to it: worth retrying elsewhere or later.
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_BUSY:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_SOME_CONNECTS_FAILED:
+      return absl::StatusCode::kUnavailable;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
 absl::Status UcsError(ucs_status_t s, absl::string_view what) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(s)));
+  if (s == UCS_OK) return absl::OkStatus();
+  return absl::Status(UcsStatusCode(s), absl::StrCat(what, ": ", ucs_status_string(s),
+                                                     " (UCX status ", static_cast<int>(s), ")"));
 }
 
 absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
@@ -105,6 +151,18 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> 
     raw->Loop();
   });
   return w;
+}
+
+absl::StatusOr<std::shared_ptr<Worker>> Worker::Shared(std::function<void()> on_start) {
+  static absl::Mutex mu;
+  static std::shared_ptr<Worker>* shared = nullptr;  // never destroyed: lives for the process
+  absl::MutexLock l(&mu);
+  if (shared != nullptr) return *shared;
+  SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Get());
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Worker> w,
+                          Create(std::move(ctx), BusyPollFromEnv(), std::move(on_start)));
+  shared = new std::shared_ptr<Worker>(std::move(w));
+  return *shared;
 }
 
 Worker::~Worker() {

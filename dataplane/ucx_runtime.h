@@ -25,6 +25,12 @@
 
 namespace sluice::internal::ucx {
 
+// A UCX status as an absl status: the code that fits (a dead or unreachable
+// peer is Unavailable, a timeout DeadlineExceeded, a cancel Cancelled, bad
+// input InvalidArgument, no memory ResourceExhausted, unknown ones
+// Internal); the message names `what`, UCX's text and its numeric code.
+// UCS_OK gives OK.
+absl::StatusCode UcsStatusCode(ucs_status_t s);
 absl::Status UcsError(ucs_status_t s, absl::string_view what);
 
 // The process's UCX context (features: active messages, wakeup).
@@ -69,6 +75,19 @@ class Worker final {
   static absl::StatusOr<std::unique_ptr<Worker>> Create(std::shared_ptr<Context> ctx,
                                                         bool busy_poll,
                                                         std::function<void()> on_start = {});
+  // The process's one worker, which the client data plane and every
+  // in-process UcxElementServer share (each installs its own AM handler
+  // id). The first caller creates it, and its `on_start` places the
+  // progress thread; it lives for the process.
+  //
+  // One ucp_worker per process because UCX 1.13 keeps one table of async
+  // event handlers for the whole process, keyed by fd: an event that one
+  // worker queued as missed is replayed after the fd was closed and reused
+  // by another worker's connection, and the process aborts
+  // (async.c:643 `handler->async == async`; fixed upstream in 1.18,
+  // "UCS/ASYNC: skip handler if released"). tests/dataplane/
+  // ucx_stress_test.cc reproduces it with a worker per server.
+  static absl::StatusOr<std::shared_ptr<Worker>> Shared(std::function<void()> on_start = {});
   ~Worker();  // stops and joins the progress thread, then destroys the worker
 
   // Runs `fn` on the progress thread (soon). Safe from any thread; after

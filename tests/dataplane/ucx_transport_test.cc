@@ -299,6 +299,28 @@ class FixedTransport final : public ElementTransport {
   std::string protocol() const override { return "grpc"; }
 };
 
+// UCX statuses keep their meaning as absl codes (a dead peer is retried,
+// a timeout is a deadline, bad input is the caller's), and the message
+// keeps UCX's own code.
+TEST(UcxStatusTest, UcxCodesMapToTheMatchingAbslCodesAndKeepTheNativeCode) {
+  using internal::ucx::UcsError;
+  EXPECT_OK(UcsError(UCS_OK, "x"));
+  EXPECT_EQ(UcsError(UCS_ERR_CONNECTION_RESET, "x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(UcsError(UCS_ERR_UNREACHABLE, "x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(UcsError(UCS_ERR_ENDPOINT_TIMEOUT, "x").code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(UcsError(UCS_ERR_CANCELED, "x").code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(UcsError(UCS_ERR_INVALID_PARAM, "x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UcsError(UCS_ERR_NO_MEMORY, "x").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(UcsError(UCS_ERR_UNSUPPORTED, "x").code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(UcsError(UCS_ERR_MESSAGE_TRUNCATED, "x").code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(UcsError(UCS_ERR_NO_PROGRESS, "x").code(), absl::StatusCode::kInternal);
+  absl::Status s = UcsError(UCS_ERR_CONNECTION_RESET, "ucx endpoint to 10.0.0.1:7000");
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("ucx endpoint to 10.0.0.1:7000"));
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr(absl::StrCat("UCX status ", static_cast<int>(UCS_ERR_CONNECTION_RESET))));
+}
+
 TEST(UcxFallbackTest, UnreachableUcxFallsBackOrFailsAsConfigured) {
   // Nothing listens there: start and stop a server to find a free port.
   std::string address;
