@@ -1,11 +1,14 @@
-// UcxElementServer. Threads: the UCX progress thread (accepts connections,
-// receives requests, sends replies) and `threads` serving threads that call
-// the ElementSource (which may block) and post the reply back.
+// UcxElementServer. Threads: the process's UCX progress thread (shared with
+// the client data plane and other in-process servers: ucx::Worker::Shared;
+// it accepts connections, receives requests, sends replies) and `threads`
+// serving threads that call the ElementSource (which may block) and post
+// the reply back.
 #include "sluice/dataplane/ucx_server.h"
 
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -99,10 +102,24 @@ FrameAllocator HeapFrameAllocator() {
   };
 }
 
+namespace {
+// Every UcxElementServer of the process shares the process's UCX worker
+// (ucx::Worker::Shared), so one AM handler serves them all and finds the
+// server by the endpoint a request came on. Progress thread only.
+struct ServerRegistry {
+  std::map<ucp_ep_h, UcxElementServer::Impl*> owner;  // accepted endpoints
+  bool handler_installed = false;
+};
+ServerRegistry& Registry() {
+  static ServerRegistry* r = new ServerRegistry();
+  return *r;
+}
+}  // namespace
+
 struct UcxElementServer::Impl {
   ElementSource source;
   std::shared_ptr<SlotPool> send_pool;
-  std::unique_ptr<ucx::Worker> worker;
+  std::shared_ptr<ucx::Worker> worker;  // the process's (ucx::Worker::Shared)
   ucp_listener_h listener = nullptr;
   std::string address;
   std::set<ucp_ep_h> eps;  // progress thread only
@@ -125,7 +142,10 @@ struct UcxElementServer::Impl {
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* self = static_cast<Impl*>(arg);
     // A client went away: forget its endpoint (replies to it are dropped).
-    if (self->eps.erase(ep)) ucx::CloseEndpointForce(ep);
+    if (self->eps.erase(ep)) {
+      Registry().owner.erase(ep);
+      ucx::CloseEndpointForce(ep);
+    }
   }
 
   static void OnConnRequest(ucp_conn_request_h req, void* arg) {
@@ -144,6 +164,7 @@ struct UcxElementServer::Impl {
       return;
     }
     self->eps.insert(ep);
+    Registry().owner[ep] = self;
   }
 
   // Queues `job` for a serving thread (progress thread).
@@ -164,10 +185,12 @@ struct UcxElementServer::Impl {
     Enqueue(std::move(job));
   }
 
-  static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data,
+  static ucs_status_t OnRequest(void*, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
-    auto* self = static_cast<Impl*>(arg);
     const bool can_reply = param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+    auto owner = can_reply ? Registry().owner.find(param->reply_ep) : Registry().owner.end();
+    if (owner == Registry().owner.end()) return UCS_OK;  // its server stopped
+    Impl* self = owner->second;
     // magic, version and request_id sit at the same offsets in every version.
     constexpr size_t kCommonPrefix = 16;
     if (header_length < kCommonPrefix || !can_reply) {
@@ -383,8 +406,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
   if (!ps.ok()) return ps;
   auto ctx = ucx::Context::Get();
   if (!ctx.ok()) return ctx.status();
-  auto worker = ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv(),
-                                    placement.on_progress_thread_start);
+  auto worker = ucx::Worker::Shared(placement.on_progress_thread_start);
   if (!worker.ok()) return worker.status();
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);
@@ -395,8 +417,12 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
   Impl* raw = impl.get();
   absl::Status status;
   impl->worker->Run([&] {
-    status = ucx::SetAmHandler(raw->worker->handle(), ucx::kGetElementAm, &Impl::OnRequest, raw);
-    if (!status.ok()) return;
+    if (!Registry().handler_installed) {
+      status = ucx::SetAmHandler(raw->worker->handle(), ucx::kGetElementAm, &Impl::OnRequest,
+                                 nullptr);
+      if (!status.ok()) return;
+      Registry().handler_installed = true;
+    }
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
@@ -452,8 +478,13 @@ void UcxElementServer::Stop() {
   }
   for (auto& t : impl_->threads) t.join();
   Impl* raw = impl_.get();
+  // After the serving threads joined, so every reply they posted runs
+  // before this (Post is FIFO) and none runs after Impl is gone.
   raw->worker->Run([raw] {
-    for (ucp_ep_h ep : raw->eps) ucx::CloseEndpointForce(ep);
+    for (ucp_ep_h ep : raw->eps) {
+      Registry().owner.erase(ep);
+      ucx::CloseEndpointForce(ep);
+    }
     raw->eps.clear();
     if (raw->listener != nullptr) ucp_listener_destroy(raw->listener);
     raw->listener = nullptr;

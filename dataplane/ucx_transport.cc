@@ -1,7 +1,8 @@
 // The client side of the UCX data plane.
 //
-// One process-wide UcxClient owns the UCX worker (and its progress thread)
-// and the receive pool. Each UcxElementTransport is one endpoint to one
+// One process-wide UcxClient owns the receive pool and uses the process's
+// UCX worker and progress thread (ucx::Worker::Shared, shared with any
+// in-process UcxElementServer). Each UcxElementTransport is one endpoint to one
 // worker. A GetElement call posts a request AM and waits; the reply's AM
 // handler (progress thread) takes a slot from the pool and receives the
 // rendezvous payload straight into it with ucp_am_recv_data_nbx and the
@@ -114,10 +115,9 @@ class UcxClient {
       spdlog::info("sluice client data plane: {}", placement.description);
     }
     auto ctx = ucx::Context::Get();
-    absl::StatusOr<std::unique_ptr<ucx::Worker>> worker =
-        ctx.ok() ? ucx::Worker::Create(*ctx, ucx::BusyPollFromEnv(),
-                                       placement.on_progress_thread_start)
-                 : absl::StatusOr<std::unique_ptr<ucx::Worker>>(ctx.status());
+    absl::StatusOr<std::shared_ptr<ucx::Worker>> worker =
+        ctx.ok() ? ucx::Worker::Shared(placement.on_progress_thread_start)
+                 : absl::StatusOr<std::shared_ptr<ucx::Worker>>(ctx.status());
     if (!worker.ok()) {
       error = new absl::Status(worker.status());
       return *error;
@@ -148,7 +148,7 @@ class UcxClient {
   void Forget(uint64_t id) { pending_.erase(id); }
 
  private:
-  UcxClient(std::shared_ptr<ucx::Context> ctx, std::unique_ptr<ucx::Worker> worker,
+  UcxClient(std::shared_ptr<ucx::Context> ctx, std::shared_ptr<ucx::Worker> worker,
             DataPlanePlacement placement)
       : pool_(std::make_shared<SlotPool>(ctx, &MaxPoolBytes, &Counters().pool,
                                          std::move(placement))),
@@ -311,7 +311,7 @@ class UcxClient {
   }
 
   std::shared_ptr<SlotPool> pool_;
-  std::unique_ptr<ucx::Worker> worker_;
+  std::shared_ptr<ucx::Worker> worker_;  // the process's (ucx::Worker::Shared)
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // progress thread only
   uint64_t next_id_ = 1;                                 // progress thread only
 };
