@@ -32,6 +32,7 @@
 #include "sluice/control/dispatcher_impl.h"
 #include "sluice/control/grpc_util.h"
 #include "sluice/control/security_internal.h"
+#include "sluice/core/interrupt.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset_internal.h"
@@ -194,9 +195,16 @@ class DataServiceIterator final : public Iterator {
     auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return ready() || (!nudged_ && ReadAllLocked());
     };
+    const absl::Time waiting_since = absl::Now();
     while (!ready()) {
       if (ReadAllLocked()) NudgeHeartbeatLocked();
-      mu_.Await(absl::Condition(&wake));
+      if (mu_.AwaitWithTimeout(absl::Condition(&wake), kInterruptPollInterval)) continue;
+      WarnIfStalledLocked(absl::Now() - waiting_since);
+      // The caller may give up (Ctrl-C in Python): nothing was taken.
+      mu_.Unlock();
+      absl::Status interrupted = CheckInterrupt();
+      mu_.Lock();
+      if (!interrupted.ok()) return interrupted;
     }
     if (!results_.empty()) {
       std::vector<Element>& batch = results_.front();
@@ -311,6 +319,25 @@ class DataServiceIterator final : public Iterator {
   // and told the dispatcher so at the version it had seen finished (a
   // worker that joined meanwhile would have given it a task to read).
   bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return confirmed_end_; }
+
+  // Next() has waited `waited` for an element: once it is kStallWarning
+  // with no worker to read (none registered, or every task lost), say so,
+  // once per iterator, with where the dispatcher is.
+  void WarnIfStalledLocked(absl::Duration waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (warned_stall_ || waited < absl::Milliseconds(node_.stall_warning_ms())) return;
+    if (node_.stall_warning_ms() <= 0) return;
+    int64_t live = 0;
+    for (const auto& [id, t] : tasks_) live += !t.lost && !t.end_of_sequence;
+    if (live > 0) return;
+    warned_stall_ = true;
+    spdlog::warn(
+        "sluice client: no element for {}: {} (dispatcher {}, {} processing); waiting for a "
+        "worker to register with the dispatcher (sluice-worker --dispatcher {})",
+        absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(100))),
+        tasks_.empty() ? "no worker has a task for this iteration"
+                       : absl::StrCat("all ", tasks_.size(), " task(s) were lost or ended"),
+        address_, node_.processing_mode(), address_);
+  }
 
   // Next() waits for the end: cut the heartbeat's long poll short so that
   // the end is confirmed at once.
@@ -815,6 +842,7 @@ class DataServiceIterator final : public Iterator {
   bool confirmed_end_ ABSL_GUARDED_BY(mu_) = false;  // see DoneLocked()
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;         // see NudgeHeartbeatLocked()
   bool warned_no_ucx_ ABSL_GUARDED_BY(mu_) = false;
+  bool warned_stall_ ABSL_GUARDED_BY(mu_) = false;  // see WarnIfStalledLocked()
   // Bumped when a request completes or a buffered reply is consumed.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   // distributed_epoch: per split, what was delivered (see FirstDeliveryLocked).
@@ -891,6 +919,9 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
   if (o.dispatcher_timeout_ms <= 0) {
     return absl::InvalidArgumentError("Distribute: dispatcher_timeout_ms must be > 0");
   }
+  if (o.stall_warning_ms < 0) {
+    return absl::InvalidArgumentError("Distribute: stall_warning_ms must be >= 0 (0: never)");
+  }
   if (o.max_element_bytes <= 0) {
     return absl::InvalidArgumentError("Distribute: max_element_bytes must be > 0");
   }
@@ -918,6 +949,7 @@ proto::DatasetNode MakeNode(const DistributeOptions& o) {
   d->set_tls_ca_file(o.tls.ca_file);
   d->set_auth_token(o.auth_token);
   d->set_max_element_bytes(o.max_element_bytes);
+  d->set_stall_warning_ms(o.stall_warning_ms);
   d->set_target_workers(o.target_workers);
   return n;
 }

@@ -109,6 +109,10 @@ struct DistributeOptions {
   // A reply carrying a larger element (or batch) fails the iterator with
   // ResourceExhausted instead of being received.
   int64_t max_element_bytes = kDefaultMaxElementBytes;
+  // When Next() has waited this long with no worker to read (none
+  // registered, or all lost), the client logs one warning naming the
+  // dispatcher. 0: never.
+  int64_t stall_warning_ms = 30000;
 };
 
 // Registers `dataset` with the service and returns its id (identical

@@ -125,7 +125,20 @@ absl::Status SetLogFormat(const std::string& format, const std::string& componen
   return absl::OkStatus();
 }
 
-void InitLoggingFromEnv(const std::string& component) {
+namespace {
+// A library embedded in a program is quiet unless asked: warnings and
+// errors only (set when the library loads; the binaries raise it).
+[[maybe_unused]] const bool kQuietByDefault = [] {
+  spdlog::set_level(spdlog::level::warn);
+  return true;
+}();
+}  // namespace
+
+void InitLoggingFromEnv(const std::string& component, const std::string& default_level) {
+  if (!default_level.empty()) {
+    absl::Status s = SetLogLevel(default_level);
+    if (!s.ok()) std::fprintf(stderr, "sluice: %s\n", std::string(s.message()).c_str());
+  }
   if (const char* v = std::getenv("SLUICE_LOG_LEVEL"); v != nullptr && *v != '\0') {
     absl::Status s = SetLogLevel(v);
     if (!s.ok()) std::fprintf(stderr, "sluice: SLUICE_LOG_LEVEL: %s\n", std::string(s.message()).c_str());

@@ -7,7 +7,9 @@
 
 namespace sluice {
 
-// "trace", "debug", "info" (default), "warn", "error", "critical" or "off".
+// "trace", "debug", "info", "warn", "error", "critical" or "off". A
+// library linked into a program (a trainer, the Python module) logs at
+// "warn" unless told otherwise; the sluice binaries log at "info".
 absl::Status SetLogLevel(const std::string& level);
 
 // "text" (default: spdlog's "[time] [level] message") or "json": each line
@@ -18,9 +20,11 @@ absl::Status SetLogLevel(const std::string& level);
 // U+FFFD). `component` names the process (the binaries pass their name).
 absl::Status SetLogFormat(const std::string& format, const std::string& component = "sluice");
 
-// Applies $SLUICE_LOG_LEVEL and $SLUICE_LOG_FORMAT when set (an invalid
-// value is reported on stderr and ignored). The binaries and examples call
-// this at start; `component` is passed to SetLogFormat.
-void InitLoggingFromEnv(const std::string& component = "sluice");
+// Sets `default_level` (when not empty), then applies $SLUICE_LOG_LEVEL and
+// $SLUICE_LOG_FORMAT when set (an invalid value is reported on stderr and
+// ignored). The binaries (default_level "info") and examples call this at
+// start; `component` is passed to SetLogFormat.
+void InitLoggingFromEnv(const std::string& component = "sluice",
+                        const std::string& default_level = "");
 
 }  // namespace sluice

@@ -17,6 +17,7 @@
 //    with its own mutex, taken after the GIL is released (never the other
 //    order, so two Python threads cannot deadlock on it).
 //  - Status -> exception conversion happens in one place, ThrowStatus().
+//  - Log messages go to Python's logging (logging_bridge.cc).
 #include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -36,6 +37,7 @@
 #include "sluice/client/distribute.h"
 #include "sluice/control/dispatch_server.h"
 #include "sluice/core/dtype.h"
+#include "sluice/core/interrupt.h"
 #include "sluice/core/logging.h"
 #include "sluice/core/tensor.h"
 #include "sluice/dataplane/element_transport.h"
@@ -46,6 +48,7 @@
 #include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/worker/worker_server.h"
+#include "python/module_internal.h"
 
 namespace py = pybind11;
 
@@ -429,7 +432,8 @@ const std::vector<Field<DistributeOptions>>& DistributeFields() {
       SLUICE_FIELD_(O, cpu_list), SLUICE_FIELD_(O, gpu_pci_bus_id),
       SLUICE_FIELD_(O, consumer_index), SLUICE_FIELD_(O, num_consumers),
       SLUICE_FIELD_(O, dispatcher_timeout_ms), SLUICE_FIELD_(O, tls),
-      SLUICE_FIELD_(O, auth_token), SLUICE_FIELD_(O, max_element_bytes)};
+      SLUICE_FIELD_(O, auth_token), SLUICE_FIELD_(O, max_element_bytes),
+      SLUICE_FIELD_(O, stall_warning_ms)};
   return *f;
 }
 
@@ -509,18 +513,34 @@ class PyIterator {
 
   // The next element; StopIteration at the end. The GIL is released while
   // the pipeline (or the service) produces it.
+  //
+  // Ctrl-C: a wait on the service polls the interpreter's signal handlers
+  // (core/interrupt.h) with the GIL taken back for the call; a handler's
+  // exception (KeyboardInterrupt) stops the wait and is raised here. The
+  // iterator is then done (later calls raise RuntimeError saying so: an op
+  // after Distribute may have held part of a batch) and can be closed.
   py::object Next() {
     absl::StatusOr<std::optional<Element>> r;
     bool closed = false;
+    bool signalled = false;
     {
       py::gil_scoped_release release;
       absl::MutexLock lock(&mu_);
       if (it_ == nullptr) {
         closed = true;
       } else {
+        ScopedInterruptCheck check([&signalled]() -> absl::Status {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() == 0) return absl::OkStatus();
+          signalled = true;  // the handler's exception is set
+          return absl::CancelledError(
+              "this iterator was interrupted (Ctrl-C) while it waited for an element; "
+              "close it and make a new one");
+        });
         r = it_->Next();
       }
     }
+    if (signalled) throw py::error_already_set();
     if (closed) throw py::stop_iteration();
     if (!r.ok()) ThrowStatus(r.status());
     if (!r->has_value()) throw py::stop_iteration();
@@ -1032,4 +1052,5 @@ PYBIND11_MODULE(_sluice, m) {
   DefineDataset(m);
   DefineServers(m);
   sluice::InitLoggingFromEnv("sluice-python");
+  DefineLogging(m);
 }

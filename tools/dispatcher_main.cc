@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
                  "largest dataset definition RegisterDataset accepts")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  sluice::InitLoggingFromEnv("sluice-dispatcher");
+  sluice::InitLoggingFromEnv("sluice-dispatcher", "info");
   if (!log_format.empty()) (void)sluice::SetLogFormat(log_format, "sluice-dispatcher");  // checked above
   if (!sluice::tools::LoadAuthToken(token_file, &c.auth_token)) return 2;
 

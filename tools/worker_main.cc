@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   std::string token_file;
   sluice::tools::AddSecurityFlags(app, &c.tls, &token_file, &c.max_request_bytes);
   CLI11_PARSE(app, argc, argv);
-  sluice::InitLoggingFromEnv("sluice-worker");
+  sluice::InitLoggingFromEnv("sluice-worker", "info");
   if (!log_format.empty()) (void)sluice::SetLogFormat(log_format, "sluice-worker");  // checked above
   if (!sluice::tools::LoadAuthToken(token_file, &c.auth_token)) return 2;
 
