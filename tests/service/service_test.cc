@@ -731,6 +731,37 @@ TEST_P(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
   EXPECT_EQ(GetDataServiceStats().lost_tasks, lost_before + 1);
 }
 
+// tf.data's testRestartWorker(use_same_port=True), in process: a worker is
+// stopped mid-iteration and a new one started on the same port; the client
+// reads what the first one sent, then the whole dataset again from the new
+// one (parallel_epochs), and only then ends.
+TEST_P(ServiceTest, WorkerRestartedGracefullyOnTheSamePortServesTheRest) {
+  DispatcherConfig dc;
+  dc.worker_timeout_ms = 2000;
+  StartService(1, dc);
+  constexpr int64_t kN = 5000;  // more than a worker hands out ahead
+  DistributeOptions opt = Options();
+  opt.max_outstanding_requests = 1;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+  std::vector<int64_t> before;
+  TakeScalars(*it, kN / 10, &before);
+  const int port = workers_[0]->port();
+  workers_[0]->Stop();
+  WorkerConfig wc;
+  wc.dispatcher_address = dispatcher_->address();
+  wc.heartbeat_interval_ms = 200;
+  wc.data_transfer_protocol = GetParam();
+  wc.port = port;
+  auto restarted = WorkerServer::Start(wc);
+  ASSERT_OK(restarted);
+  workers_[0] = *std::move(restarted);
+  std::vector<int64_t> after;
+  DrainRest(*it, &after);
+  auto counts = Counts(after);
+  for (int64_t v = 0; v < kN; ++v) EXPECT_GE(counts[v], 1) << "value " << v << " never came";
+  EXPECT_LE(after.size(), static_cast<size_t>(kN + kN / 2)) << "more than one new copy";
+}
+
 TEST_P(ServiceTest, WorkerTaskThreadsArePinnedAsConfigured) {
   worker_cpu_list_ = "0";
   StartService(1);
