@@ -3,9 +3,15 @@
 // the UCX implementation plugs in behind the same interface. Code above it
 // (the data-service iterator) does not know which one it uses.
 //
-// Thread safety: GetElement may be called from several threads at once;
-// Cancel() may be called from any thread and makes in-flight and later
-// calls return Cancelled promptly.
+// Requests are asynchronous: GetElementAsync sends one and returns; its
+// callback runs when the reply (or the failure) is in, on a transport
+// thread -- the UCX progress thread, a gRPC callback thread -- so many
+// requests can be in flight without a thread each. GetElement waits for
+// one (tests, simple callers).
+//
+// Thread safety: any method may be called from any thread, concurrently;
+// Cancel() makes in-flight and later requests complete with Cancelled
+// promptly.
 #pragma once
 
 #include <functional>
@@ -77,12 +83,24 @@ struct ElementResult {
   std::vector<SplitPosition> positions;
 };
 
+// Runs once per request with its outcome. It must not block (it may run on
+// a transport's own thread, which serves every request of the process).
+using ElementCallback = std::function<void(absl::StatusOr<ElementResult>)>;
+
 class ElementTransport {
  public:
   virtual ~ElementTransport() = default;
-  // Unavailable when the worker cannot be reached; the worker's own errors
-  // (e.g. the dataset failed) pass through with their codes.
-  virtual absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) = 0;
+  // Sends `request`; `done` runs exactly once with the reply or the failure:
+  // Unavailable when the worker cannot be reached, DeadlineExceeded when no
+  // reply came within request.wait plus a transfer allowance, Cancelled
+  // after Cancel(); the worker's own errors (e.g. the dataset failed) pass
+  // through with their codes. `done` may run on the calling thread before
+  // this returns (a request refused at once), so a caller must not hold a
+  // lock that `done` takes. Destroying the transport cancels what is in
+  // flight; every callback has run when the destructor returns.
+  virtual void GetElementAsync(const ElementRequest& request, ElementCallback done) = 0;
+  // GetElementAsync, waiting for the outcome.
+  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request);
   virtual void Cancel() = 0;
   virtual std::string protocol() const = 0;
 };
@@ -140,6 +158,9 @@ absl::Status SetUcxReceivePoolBytes(size_t bytes);
 struct TransportStats {
   int64_t ucx_elements_received = 0;
   int64_t ucx_bytes_received = 0;
+  // UCX endpoints the client connected (one per worker address, reused by
+  // every task and iteration reading it; again after a failure).
+  int64_t ucx_endpoints_connected = 0;
   // Payload bytes the client copied after receipt (0 on the rendezvous path).
   int64_t client_payload_bytes_copied = 0;
   // Elements that did not fit a free pool slot and got their own buffer.

@@ -1,10 +1,13 @@
-// The gRPC data path: one GetElement RPC per element; the response's frame
-// bytes are decoded in place (the Tensors view the received buffer).
+// The gRPC data path: one GetElement RPC per element, on gRPC's callback
+// API (no thread waits on a call); the response's frame bytes are decoded in
+// place (the Tensors view the received buffer). Also the fallback wrapper and
+// ElementTransport::GetElement.
 #include <atomic>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "control/service.grpc.pb.h"
 #include "sluice/control/grpc_util.h"
 #include "sluice/core/frame.h"
@@ -14,22 +17,39 @@
 namespace sluice {
 namespace {
 
+// One GetElement call in flight: its context and messages live until the
+// callback ran.
+struct GrpcCall {
+  grpc::ClientContext ctx;
+  proto::GetElementRequest req;
+  proto::GetElementResponse resp;
+  ElementCallback done;
+};
+
 class GrpcElementTransport final : public ElementTransport {
  public:
   GrpcElementTransport(std::string address, std::shared_ptr<grpc::Channel> channel)
-      : address_(std::move(address)), stub_(proto::WorkerService::NewStub(std::move(channel))) {}
+      : state_(std::make_shared<State>()),
+        stub_(proto::WorkerService::NewStub(std::move(channel))) {
+    state_->address = std::move(address);
+  }
 
-  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override
-      ABSL_LOCKS_EXCLUDED(mu_) {
-    grpc::ClientContext ctx;
+  // Cancels what is in flight and waits for its callbacks.
+  ~GrpcElementTransport() override {
+    Cancel();
+    absl::MutexLock l(&state_->mu);
+    auto idle = [s = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+      return s->active.empty();
+    };
+    state_->mu.Await(absl::Condition(&idle));
+  }
+
+  // gRPC's callback API: the reply completes on one of gRPC's threads.
+  void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
+    auto call = std::make_shared<GrpcCall>();
     // The worker answers within `wait`; allow for transfer time on top.
-    internal::SetTimeout(&ctx, request.wait + absl::Seconds(30));
-    {
-      absl::MutexLock l(&mu_);
-      if (cancelled_) return absl::CancelledError("transport cancelled");
-      active_.insert(&ctx);
-    }
-    proto::GetElementRequest req;
+    internal::SetTimeout(&call->ctx, request.wait + absl::Seconds(30));
+    proto::GetElementRequest& req = call->req;
     req.set_task_id(request.task_id);
     req.set_consumer_index(request.consumer_index);
     req.set_round(request.round);
@@ -41,16 +61,56 @@ class GrpcElementTransport final : public ElementTransport {
       req.add_ack_split_ids(a.split_id);
       req.add_ack_counts(a.count);
     }
-    proto::GetElementResponse resp;
-    grpc::Status s = stub_->GetElement(&ctx, req, &resp);
+    call->done = std::move(done);
+    bool cancelled;
     {
-      absl::MutexLock l(&mu_);
-      active_.erase(&ctx);
-      if (cancelled_) return absl::CancelledError("transport cancelled");
+      absl::MutexLock l(&state_->mu);
+      cancelled = state_->cancelled;
+      if (!cancelled) state_->active.insert(call.get());
     }
-    if (!s.ok()) {
-      return internal::FromGrpcStatus(s, absl::StrCat("GetElement from worker ", address_));
+    if (cancelled) return call->done(absl::CancelledError("transport cancelled"));
+    stub_->async()->GetElement(&call->ctx, &call->req, &call->resp,
+                               [state = state_, call](grpc::Status s) { Finish(*state, *call, s); });
+  }
+
+  void Cancel() override {
+    absl::MutexLock l(&state_->mu);
+    state_->cancelled = true;
+    for (GrpcCall* c : state_->active) c->ctx.TryCancel();
+  }
+
+  std::string protocol() const override { return "grpc"; }
+
+ private:
+  // Shared with the callbacks, so that it outlives the last of them.
+  struct State {
+    std::string address;
+    absl::Mutex mu;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+    std::set<GrpcCall*> active ABSL_GUARDED_BY(mu);
+  };
+
+  static void Finish(State& state, GrpcCall& call, const grpc::Status& s)
+      ABSL_LOCKS_EXCLUDED(state.mu) {
+    bool cancelled;
+    {
+      absl::MutexLock l(&state.mu);
+      cancelled = state.cancelled;
     }
+    ElementCallback done = std::move(call.done);
+    if (cancelled) {
+      done(absl::CancelledError("transport cancelled"));
+    } else if (!s.ok()) {
+      done(internal::FromGrpcStatus(s, absl::StrCat("GetElement from worker ", state.address)));
+    } else {
+      done(Decode(state.address, call.resp));
+    }
+    absl::MutexLock l(&state.mu);
+    state.active.erase(&call);  // last: the destructor waits for this
+  }
+
+  static absl::StatusOr<ElementResult> Decode(const std::string& address,
+                                              proto::GetElementResponse& resp) {
     ElementResult out;
     out.end_of_sequence = resp.end_of_sequence();
     out.not_ready = resp.not_ready();
@@ -60,7 +120,7 @@ class GrpcElementTransport final : public ElementTransport {
     const auto* data = reinterpret_cast<const uint8_t*>(frame->data());
     auto decoded = DecodeFrame(data, frame->size(), frame);
     if (!decoded.ok()) {
-      return absl::DataLossError(absl::StrCat("worker ", address_, " sent a bad element: ",
+      return absl::DataLossError(absl::StrCat("worker ", address, " sent a bad element: ",
                                               decoded.status().message()));
     }
     out.elements.push_back(std::move(decoded->element));
@@ -69,20 +129,8 @@ class GrpcElementTransport final : public ElementTransport {
     return out;
   }
 
-  void Cancel() override ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    cancelled_ = true;
-    for (grpc::ClientContext* c : active_) c->TryCancel();
-  }
-
-  std::string protocol() const override { return "grpc"; }
-
- private:
-  const std::string address_;
+  std::shared_ptr<State> state_;
   std::unique_ptr<proto::WorkerService::Stub> stub_;
-  absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<grpc::ClientContext*> active_ ABSL_GUARDED_BY(mu_);
 };
 
 // See MakeFallbackTransport.
@@ -90,30 +138,32 @@ class FallbackTransport final : public ElementTransport {
  public:
   FallbackTransport(std::unique_ptr<ElementTransport> primary,
                     std::unique_ptr<ElementTransport> fallback, std::string peer, bool allow)
-      : primary_(std::move(primary)), fallback_(std::move(fallback)), peer_(std::move(peer)),
+      : fallback_(std::move(fallback)), primary_(std::move(primary)), peer_(std::move(peer)),
         allow_(allow) {}
 
-  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override {
-    if (switched_.load()) return fallback_->GetElement(request);
-    auto r = primary_->GetElement(request);
-    if (r.ok()) {
-      worked_ = true;
-      return r;
-    }
-    bool transport_failure =
-        absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status());
-    if (worked_.load() || !transport_failure) return r;
-    if (!allow_) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot reach worker ", peer_, " over ", primary_->protocol(),
-          " and fallback to ", fallback_->protocol(), " is disabled: ", r.status().message()));
-    }
-    if (!switched_.exchange(true)) {
-      spdlog::warn("sluice client: {} to worker {} failed ({}); falling back to {}",
-                   primary_->protocol(), peer_, std::string(r.status().message()),
-                   fallback_->protocol());
-    }
-    return fallback_->GetElement(request);
+  void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
+    if (switched_.load()) return fallback_->GetElementAsync(request, std::move(done));
+    primary_->GetElementAsync(request, [this, request, done = std::move(done)](
+                                           absl::StatusOr<ElementResult> r) mutable {
+      if (r.ok()) {
+        worked_ = true;
+        return done(std::move(r));
+      }
+      const bool transport_failure =
+          absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status());
+      if (worked_.load() || !transport_failure) return done(std::move(r));
+      if (!allow_) {
+        return done(absl::UnavailableError(absl::StrCat(
+            "cannot reach worker ", peer_, " over ", primary_->protocol(), " and fallback to ",
+            fallback_->protocol(), " is disabled: ", r.status().message())));
+      }
+      if (!switched_.exchange(true)) {
+        spdlog::warn("sluice client: {} to worker {} failed ({}); falling back to {}",
+                     primary_->protocol(), peer_, std::string(r.status().message()),
+                     fallback_->protocol());
+      }
+      fallback_->GetElementAsync(request, std::move(done));
+    });
   }
   void Cancel() override {
     primary_->Cancel();
@@ -124,13 +174,30 @@ class FallbackTransport final : public ElementTransport {
   }
 
  private:
-  std::unique_ptr<ElementTransport> primary_, fallback_;
+  // The primary is declared last, so it is destroyed first: a callback of
+  // its may still send on the fallback.
+  std::unique_ptr<ElementTransport> fallback_;
+  std::unique_ptr<ElementTransport> primary_;
   const std::string peer_;
   const bool allow_;
   std::atomic<bool> switched_{false}, worked_{false};
 };
 
 }  // namespace
+
+absl::StatusOr<ElementResult> ElementTransport::GetElement(const ElementRequest& request) {
+  struct Outcome {
+    absl::Notification done;
+    absl::StatusOr<ElementResult> result = absl::UnknownError("no outcome");
+  };
+  auto outcome = std::make_shared<Outcome>();
+  GetElementAsync(request, [outcome](absl::StatusOr<ElementResult> r) {
+    outcome->result = std::move(r);
+    outcome->done.Notify();
+  });
+  outcome->done.WaitForNotification();
+  return std::move(outcome->result);
+}
 
 std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementTransport> primary,
                                                        std::unique_ptr<ElementTransport> fallback,

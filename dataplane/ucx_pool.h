@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -91,6 +92,10 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
     return std::shared_ptr<Buffer>(buf, [pool = shared_from_this()](Buffer* b) { pool->Release(b); });
   }
 
+  // Runs (on the releasing thread, no lock held) whenever a buffer comes
+  // back. Set before the first Acquire.
+  void SetReleaseHook(std::function<void()> hook) { release_hook_ = std::move(hook); }
+
   size_t registered_bytes() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     return registered_;
@@ -165,12 +170,14 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
       }
     }
     delete b;
+    if (release_hook_) release_hook_();
   }
 
   std::shared_ptr<ucx::Context> ctx_;
   size_t (*const max_bytes_)();
   PoolStats* const stats_;
   const DataPlanePlacement placement_;
+  std::function<void()> release_hook_;  // see SetReleaseHook
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Arena>> arenas_ ABSL_GUARDED_BY(mu_);
   std::vector<Arena*> free_ ABSL_GUARDED_BY(mu_);  // no live buffers

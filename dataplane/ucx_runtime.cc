@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -63,6 +64,18 @@ absl::Status UcsError(ucs_status_t s, absl::string_view what) {
                                                      " (UCX status ", static_cast<int>(s), ")"));
 }
 
+namespace {
+// Settings sluice changes from UCX's defaults, each for a reason:
+//  - ADAPTIVE_PROGRESS=n: UCX deactivates interfaces no endpoint uses and
+//    re-arms them from a progress callback; under connection churn that
+//    path aborts the process in UCX 1.13 ("failed to modify ... event
+//    handler", ucp_worker.c:634). Keeping interfaces active costs nothing
+//    measurable here (sluice-perf transport, docs/dataplane.md).
+constexpr std::pair<const char*, const char*> kUcxDefaults[] = {
+    {"ADAPTIVE_PROGRESS", "n"},
+};
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
   static absl::Mutex mu;
   static std::weak_ptr<Context>* current = new std::weak_ptr<Context>();
@@ -71,6 +84,16 @@ absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return UcsError(s, "ucp_config_read");
+  // sluice's UCX defaults (docs/dataplane.md, "UCX 1.13"); a UCX_* variable
+  // the user set wins.
+  for (const auto& [name, value] : kUcxDefaults) {
+    if (std::getenv(absl::StrCat("UCX_", name).c_str()) != nullptr) continue;
+    s = ucp_config_modify(config, name, value);
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return UcsError(s, absl::StrCat("ucp_config_modify ", name, "=", value));
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -198,15 +221,28 @@ void Worker::Run(std::function<void()> fn) {
   }
 }
 
+void Worker::AddTick(std::function<void()> fn) {
+  absl::MutexLock l(&mu_);
+  auto ticks = ticks_ != nullptr ? std::make_shared<std::vector<std::function<void()>>>(*ticks_)
+                                 : std::make_shared<std::vector<std::function<void()>>>();
+  ticks->push_back(std::move(fn));
+  ticks_ = std::move(ticks);
+}
+
 void Worker::Loop() {
   while (true) {
     std::deque<std::function<void()>> work;
+    std::shared_ptr<const std::vector<std::function<void()>>> ticks;
     {
       absl::MutexLock l(&mu_);
       if (stop_) break;
       work.swap(posted_);
+      ticks = ticks_;
     }
     for (auto& fn : work) fn();
+    if (ticks != nullptr) {
+      for (const auto& fn : *ticks) fn();
+    }
     while (ucp_worker_progress(h_) != 0) {
     }
     if (busy_poll_) continue;

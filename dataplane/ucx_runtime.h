@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -95,6 +96,9 @@ class Worker final {
   void Post(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `fn` on the progress thread and waits for it.
   void Run(std::function<void()> fn);
+  // Runs `fn` on the progress thread on every pass of its loop, at least
+  // every 100 ms (timers: request deadlines, retries). It must be cheap.
+  void AddTick(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
   bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
   // Only on the progress thread.
   ucp_worker_h handle() const { return h_; }
@@ -111,6 +115,8 @@ class Worker final {
   bool busy_poll_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  // Replaced (not changed) by AddTick, so a loop pass copies a pointer.
+  std::shared_ptr<const std::vector<std::function<void()>>> ticks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

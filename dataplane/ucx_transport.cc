@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -49,7 +50,7 @@ DataPlanePlacement* g_placement ABSL_GUARDED_BY(g_placement_mu) = nullptr;
 bool g_client_created ABSL_GUARDED_BY(g_placement_mu) = false;
 
 struct UcxCounters {
-  std::atomic<int64_t> elements{0}, bytes{0}, copied{0};
+  std::atomic<int64_t> elements{0}, bytes{0}, copied{0}, connects{0};
   PoolStats pool;
 };
 UcxCounters& Counters() {
@@ -58,31 +59,52 @@ UcxCounters& Counters() {
 }
 
 // A request waiting for its reply. Completed exactly once (the first of
-// reply, endpoint error, cancellation wins); any thread may complete it.
+// reply, endpoint error, deadline, cancellation wins) from any thread: the
+// callback runs on the completing thread, without a lock held.
+struct Pending;
+
+// What a transport's requests share with it: its cancellation, and the
+// requests not yet completed (for Cancel). Outlives the transport while a
+// request holds it.
+struct TransportState {
+  absl::Mutex mu;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  std::map<Pending*, std::shared_ptr<Pending>> waiting ABSL_GUARDED_BY(mu);
+};
+
+class UcxEndpoint;
+
 struct Pending {
+  // False if it was completed before.
   bool Complete(absl::StatusOr<ElementResult> r) ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock l(&mu);
-    if (done) return false;
-    result = std::move(r);
-    done = true;
+    ElementCallback cb;
+    {
+      absl::MutexLock l(&mu);
+      if (done) return false;
+      done = true;
+      cb = std::move(callback);
+    }
+    std::shared_ptr<TransportState> state = owner;  // `this` may go with the erase
+    {
+      absl::MutexLock l(&state->mu);
+      state->waiting.erase(this);
+    }
+    cb(std::move(r));
     return true;
   }
-  // True if completed within `timeout`.
-  bool Wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu) {
+  bool Done() ABSL_LOCKS_EXCLUDED(mu) {
     absl::MutexLock l(&mu);
-    auto is_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; };
-    return mu.AwaitWithTimeout(absl::Condition(&is_done), timeout);
-  }
-  absl::StatusOr<ElementResult> Take() ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock l(&mu);
-    return std::move(result);
+    return done;
   }
 
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
-  absl::StatusOr<ElementResult> result ABSL_GUARDED_BY(mu) = absl::UnknownError("no reply");
+  ElementCallback callback ABSL_GUARDED_BY(mu);
+  std::shared_ptr<TransportState> owner;
   // Progress thread only:
-  uint64_t id = 0;  // request id, once registered
+  uint64_t id = 0;                   // request id, once registered
+  UcxEndpoint* endpoint = nullptr;   // while registered
+  absl::Time deadline;
   std::shared_ptr<SlotPool::Buffer> buffer;
   uint16_t kind = 0;        // 0 (one frame), kReplySplitFrame or kReplyBatch
   size_t header_bytes = 0;  // split frame: the inline header in front
@@ -93,8 +115,98 @@ struct Pending {
   std::string peer;                // the worker's address, for errors
 };
 
+// One UCX endpoint to one worker address, shared by every transport of the
+// process to that address (each task of each iteration has a transport):
+// connections are made when a worker is first read or comes back, not per
+// task. Progress thread only, created and destroyed there.
+//
+// UCX 1.13 asserts in its TCP connection manager (tcp_sockcm_ep.c:416)
+// when connections are set up and torn down at a high rate in one process
+// (an event queued for a closed socket is replayed on a new one with the
+// same fd); reusing endpoints keeps setups to one per worker (re)start.
+class UcxEndpoint {
+ public:
+  explicit UcxEndpoint(std::string address) : address_(std::move(address)) {}
+  ~UcxEndpoint() { Fail(absl::CancelledError("endpoint closed")); }
+
+  absl::Status Connect(ucp_worker_h worker) {
+    sockaddr_storage ss;
+    socklen_t len;
+    SLUICE_RETURN_IF_ERROR(ucx::ParseSockaddr(address_, &ss, &len));
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    p.sockaddr.addrlen = len;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &UcxEndpoint::OnError;
+    p.err_handler.arg = this;
+    ucs_status_t s = ucp_ep_create(worker, &p, &ep_);
+    if (s != UCS_OK) {
+      ep_ = nullptr;
+      return ucx::UcsError(s, absl::StrCat("ucx connect to ", address_));
+    }
+    return absl::OkStatus();
+  }
+
+  bool usable() const { return ep_ != nullptr && error_.ok(); }
+  ucp_ep_h handle() const { return ep_; }
+  const std::string& address() const { return address_; }
+
+  void Add(const std::shared_ptr<Pending>& p) {
+    p->endpoint = this;
+    requests_[p->id] = p;
+  }
+  void Remove(uint64_t id) { requests_.erase(id); }
+
+  // Fails every request on it and closes it (a dead peer must not leave
+  // callers waiting). `forget` drops each from the client's map.
+  void Fail(absl::Status error);
+  std::function<void(uint64_t)> forget;  // set by the client
+
+ private:
+  static void OnError(void* arg, ucp_ep_h, ucs_status_t status);
+
+  const std::string address_;
+  ucp_ep_h ep_ = nullptr;
+  absl::Status error_;
+  std::map<uint64_t, std::shared_ptr<Pending>> requests_;
+};
+
+void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r) {
+  p->Complete(std::move(r));
+}
+
+void UcxEndpoint::OnError(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* self = static_cast<UcxEndpoint*>(arg);
+  self->Fail(ucx::UcsError(status, absl::StrCat("ucx endpoint to ", self->address_)));
+}
+
+void UcxEndpoint::Fail(absl::Status error) {
+  if (error_.ok()) error_ = error;
+  auto requests = std::move(requests_);
+  requests_.clear();
+  for (auto& [id, p] : requests) {
+    if (forget) forget(id);
+    p->endpoint = nullptr;
+    Complete(p, error_);
+  }
+  if (ep_ != nullptr) {
+    ucx::CloseEndpointForce(ep_);
+    ep_ = nullptr;
+  }
+}
+
 class UcxClient;
 extern std::atomic<UcxClient*> g_client;
+
+// How long an endpoint nobody uses is kept for the next iteration's tasks,
+// and how soon after an endpoint to an address failed a new one is tried.
+constexpr absl::Duration kEndpointLinger = absl::Seconds(60);
+constexpr absl::Duration kReconnectAfter = absl::Milliseconds(200);
+// A reply may take the request's wait plus this long.
+constexpr absl::Duration kTransferAllowance = absl::Seconds(30);
 
 class UcxClient {
  public:
@@ -131,6 +243,11 @@ class UcxClient {
       error = new absl::Status(s);
       return s;
     }
+    c->pool_->SetReleaseHook([c] {
+      // Requests held back at the pool's cap may go now.
+      if (c->deferred_count_.load() > 0) c->worker_->Post([c] { c->SendDeferred(); });
+    });
+    c->worker_->AddTick([c] { c->Tick(); });
     client = c;
     g_client.store(c);
     return client;
@@ -139,23 +256,137 @@ class UcxClient {
   ucx::Worker* worker() { return worker_.get(); }
   SlotPool* pool() { return pool_.get(); }
 
-  // Progress thread only.
-  uint64_t Register(std::shared_ptr<Pending> p) {
-    uint64_t id = next_id_++;
-    pending_[id] = std::move(p);
-    return id;
+  // Progress thread only. The endpoint to `address`: the cached one while
+  // it works, else a new one (not within kReconnectAfter of the last
+  // failure there: Unavailable then).
+  absl::StatusOr<std::shared_ptr<UcxEndpoint>> EndpointFor(const std::string& address) {
+    Cached& c = endpoints_[address];
+    if (c.endpoint != nullptr && c.endpoint->usable()) return c.endpoint;
+    const absl::Time now = absl::Now();
+    if (c.endpoint != nullptr) {  // it failed
+      c.failed_at = now;
+      c.endpoint.reset();
+    }
+    if (now - c.failed_at < kReconnectAfter) {
+      return absl::UnavailableError(absl::StrCat(
+          "the ucx endpoint to ", address, " failed less than ",
+          absl::FormatDuration(kReconnectAfter), " ago; not reconnecting yet"));
+    }
+    auto e = std::make_shared<UcxEndpoint>(address);
+    e->forget = [this](uint64_t id) { pending_.erase(id); };
+    absl::Status s = e->Connect(worker_->handle());
+    if (!s.ok()) {
+      c.failed_at = now;
+      return s;
+    }
+    Counters().connects++;
+    c.endpoint = e;
+    return e;
   }
-  void Forget(uint64_t id) { pending_.erase(id); }
+
+  // Progress thread only: sends `h` (header, token, acks) for `p` on `e`.
+  void Send(const std::shared_ptr<UcxEndpoint>& e, const std::shared_ptr<Pending>& p,
+            ucx::RequestHeader h, const std::string& tail) {
+    h.request_id = next_id_++;
+    p->id = h.request_id;
+    pending_[p->id] = p;
+    e->Add(p);
+    // The header, the token, then the acks (ucx_protocol.h); kept until sent.
+    auto* hdr = new std::string(sizeof(h), '\0');
+    std::memcpy(hdr->data(), &h, sizeof(h));
+    hdr->append(tail);
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    rp.user_data = hdr;
+    rp.cb.send = [](void* req, ucs_status_t, void* user_data) {
+      delete static_cast<std::string*>(user_data);
+      ucp_request_free(req);
+    };
+    ucs_status_ptr_t st =
+        ucp_am_send_nbx(e->handle(), ucx::kGetElementAm, hdr->data(), hdr->size(), nullptr, 0, &rp);
+    if (st == nullptr) {
+      delete hdr;
+    } else if (UCS_PTR_IS_ERR(st)) {
+      delete hdr;
+      Unregister(p->id);
+      Complete(p, ucx::UcsError(UCS_PTR_STATUS(st), "sending a request"));
+    }
+  }
+
+  // Progress thread only: runs `send` once the receive pool is below its
+  // cap (backpressure: the user holds that much), now if it is.
+  void WhenPoolHasRoom(std::function<void()> send) {
+    if (deferred_.empty() && !pool_->OverCap()) return send();
+    deferred_.push_back(std::move(send));
+    deferred_count_.store(static_cast<int64_t>(deferred_.size()));
+  }
+
+  // Progress thread only: drops `id` from the maps; null if unknown.
+  std::shared_ptr<Pending> Unregister(uint64_t id) {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return nullptr;
+    std::shared_ptr<Pending> p = std::move(it->second);
+    pending_.erase(it);
+    if (p->endpoint != nullptr) p->endpoint->Remove(id);
+    p->endpoint = nullptr;
+    return p;
+  }
 
  private:
+  struct Cached {
+    std::shared_ptr<UcxEndpoint> endpoint;
+    absl::Time failed_at = absl::InfinitePast();
+    absl::Time idle_since = absl::InfiniteFuture();
+  };
+
   UcxClient(std::shared_ptr<ucx::Context> ctx, std::shared_ptr<ucx::Worker> worker,
             DataPlanePlacement placement)
       : pool_(std::make_shared<SlotPool>(ctx, &MaxPoolBytes, &Counters().pool,
                                          std::move(placement))),
         worker_(std::move(worker)) {}
 
-  static void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r) {
-    p->Complete(std::move(r));
+  void SendDeferred() {
+    while (!deferred_.empty() && !pool_->OverCap()) {
+      auto send = std::move(deferred_.front());
+      deferred_.pop_front();
+      send();
+    }
+    deferred_count_.store(static_cast<int64_t>(deferred_.size()));
+  }
+
+  // Timers, on every progress loop pass (>= 10 per second): request
+  // deadlines, held-back requests, endpoints nobody used for a while.
+  void Tick() {
+    const absl::Time now = absl::Now();
+    if (now - last_tick_ < absl::Milliseconds(20)) return;
+    last_tick_ = now;
+    SendDeferred();
+    std::vector<std::shared_ptr<Pending>> expired;
+    for (auto& [id, p] : pending_) {
+      if (p->deadline <= now) expired.push_back(p);
+    }
+    for (auto& p : expired) {
+      const uint64_t id = p->id;
+      Unregister(id);
+      Complete(p, absl::DeadlineExceededError(
+                      absl::StrCat("no reply from worker ", p->peer, " over ucx")));
+    }
+    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+      Cached& c = it->second;
+      const bool unused = c.endpoint == nullptr || c.endpoint.use_count() == 1;
+      if (!unused) {
+        c.idle_since = absl::InfiniteFuture();
+      } else if (c.idle_since == absl::InfiniteFuture()) {
+        c.idle_since = now;
+      }
+      if (unused && now - c.idle_since > kEndpointLinger) {
+        it = endpoints_.erase(it);  // closes it
+      } else {
+        ++it;
+      }
+    }
   }
 
   static absl::Status BadReply(absl::string_view what) {
@@ -220,19 +451,18 @@ class UcxClient {
                               size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxClient*>(arg);
     const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
-    auto drop = [&] {
-      if (rndv) ucp_am_data_release(self->worker_->handle(), data);
-      return UCS_OK;
-    };
+    // Returning UCS_OK without receiving drops the data: UCP itself then
+    // answers a rendezvous (ATS) and frees the descriptor. Calling
+    // ucp_am_data_release here as well did both twice -- a crash in
+    // ucp_am_rndv_process_rts whenever a reply came for a request already
+    // cancelled or timed out (ucx_stress_test reproduces it).
+    auto drop = [] { return UCS_OK; };
     ucx::ReplyHeader h;
     if (header_length < sizeof(h)) return drop();
     std::memcpy(&h, header, sizeof(h));
-    auto it = self->pending_.find(h.request_id);
-    if (h.magic != ucx::kReplyMagic || it == self->pending_.end()) {
-      return drop();  // stale (the caller gave up) or malformed
-    }
-    std::shared_ptr<Pending> p = std::move(it->second);
-    self->pending_.erase(it);
+    if (h.magic != ucx::kReplyMagic) return drop();
+    std::shared_ptr<Pending> p = self->Unregister(h.request_id);
+    if (p == nullptr || p->Done()) return drop();  // stale: cancelled or timed out
     const uint8_t* inline_bytes = static_cast<const uint8_t*>(header) + sizeof(h);
     const size_t inline_len = std::min<size_t>(h.inline_len, header_length - sizeof(h));
     if (h.flags & ucx::kReplyError) {
@@ -312,12 +542,20 @@ class UcxClient {
 
   std::shared_ptr<SlotPool> pool_;
   std::shared_ptr<ucx::Worker> worker_;  // the process's (ucx::Worker::Shared)
-  std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // progress thread only
-  uint64_t next_id_ = 1;                                 // progress thread only
+  // Progress thread only:
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // registered requests
+  uint64_t next_id_ = 1;
+  std::map<std::string, Cached> endpoints_;
+  std::deque<std::function<void()>> deferred_;  // held back at the pool's cap
+  absl::Time last_tick_ = absl::InfinitePast();
+  std::atomic<int64_t> deferred_count_{0};
 };
 
 std::atomic<UcxClient*> g_client{nullptr};
 
+// A transport to one worker address, over the process's shared endpoint to
+// it (reconnected on the next request after a failure, so a worker that
+// restarts at the same address is read again).
 class UcxElementTransport final : public ElementTransport {
  public:
   static absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const std::string& address,
@@ -330,67 +568,40 @@ class UcxElementTransport final : public ElementTransport {
     if (max_element_bytes <= 0) {
       return absl::InvalidArgumentError("max_element_bytes must be > 0");
     }
-    SLUICE_ASSIGN_OR_RETURN(UcxClient * client, UcxClient::Get());
     sockaddr_storage ss;
     socklen_t len;
-    absl::Status ps = ucx::ParseSockaddr(address, &ss, &len);
-    if (!ps.ok()) return ps;
-    std::unique_ptr<UcxElementTransport> t(
+    SLUICE_RETURN_IF_ERROR(ucx::ParseSockaddr(address, &ss, &len));
+    SLUICE_ASSIGN_OR_RETURN(UcxClient * client, UcxClient::Get());
+    // The endpoint is taken (or made) by the first request.
+    return std::unique_ptr<ElementTransport>(
         new UcxElementTransport(client, address, token, max_element_bytes));
-    absl::Status status;
-    UcxElementTransport* raw = t.get();
-    client->worker()->Run([&] {
-      ucp_ep_params_t p{};
-      p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-      p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-      p.sockaddr.addrlen = len;
-      p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      p.err_handler.cb = &UcxElementTransport::OnError;
-      p.err_handler.arg = raw;
-      ucs_status_t s = ucp_ep_create(client->worker()->handle(), &p, &raw->ep_);
-      if (s != UCS_OK) status = ucx::UcsError(s, absl::StrCat("ucx connect to ", address));
-    });
-    if (!status.ok()) return status;
-    return std::unique_ptr<ElementTransport>(std::move(t));
   }
 
   ~UcxElementTransport() override {
     Cancel();
+    // Every callback ran (those on the progress thread are before this in
+    // its queue); the endpoint is released there, where it lives.
     UcxElementTransport* raw = this;
-    client_->worker()->Run([raw] {
-      if (raw->ep_ != nullptr) {
-        ucx::CloseEndpointForce(raw->ep_);
-        raw->ep_ = nullptr;
-      }
-      // Requests still registered complete as cancelled.
-      for (auto& [id, p] : raw->mine_) {
-        raw->client_->Forget(id);
-        p->Complete(absl::CancelledError("transport closed"));
-      }
-      raw->mine_.clear();
-    });
+    client_->worker()->Run([raw] { raw->endpoint_.reset(); });
   }
 
-  absl::StatusOr<ElementResult> GetElement(const ElementRequest& request) override {
-    // Backpressure: while the receive pool is at its cap (the user holds
-    // that much), wait for buffers to come back before asking for more.
-    while (client_->pool()->OverCap()) {
-      {
-        absl::MutexLock l(&mu_);
-        if (cancelled_) return absl::CancelledError("transport cancelled");
-      }
-      absl::SleepFor(absl::Milliseconds(2));
-    }
+  void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
     auto p = std::make_shared<Pending>();
+    p->owner = state_;
     p->max_element_bytes = static_cast<uint64_t>(max_element_bytes_);
     p->peer = address_;
+    p->deadline = absl::Now() + request.wait + kTransferAllowance;
+    bool cancelled;
     {
-      absl::MutexLock l(&mu_);
-      if (cancelled_) return absl::CancelledError("transport cancelled");
-      waiting_.insert(p.get());
+      absl::MutexLock l(&state_->mu);
+      cancelled = state_->cancelled;
+      if (!cancelled) {
+        absl::MutexLock pl(&p->mu);
+        p->callback = std::move(done);
+        state_->waiting.emplace(p.get(), p);
+      }
     }
+    if (cancelled) return done(absl::CancelledError("transport cancelled"));
     ucx::RequestHeader h{};
     h.magic = ucx::kRequestMagic;
     h.version = ucx::kProtocolVersion;
@@ -408,70 +619,36 @@ class UcxElementTransport final : public ElementTransport {
     h.client_id = request.client_id;
     h.token_len = static_cast<uint16_t>(token_.size());
     h.ack_count = static_cast<uint16_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
-    std::string acks(h.ack_count * sizeof(ucx::AckEntry), '\0');
+    std::string tail = token_;
     for (uint32_t i = 0; i < h.ack_count; ++i) {
       const ucx::AckEntry a{request.acks[i].split_id, request.acks[i].count};
-      std::memcpy(acks.data() + i * sizeof(a), &a, sizeof(a));
+      tail.append(reinterpret_cast<const char*>(&a), sizeof(a));
     }
     UcxElementTransport* raw = this;
-    client_->worker()->Post([raw, p, h, acks = std::move(acks)]() mutable {
-      if (raw->ep_ == nullptr || !raw->error_.ok()) {
-        p->Complete(raw->error_.ok() ? absl::UnavailableError("endpoint closed") : raw->error_);
-        return;
-      }
-      h.request_id = raw->client_->Register(p);
-      p->id = h.request_id;
-      raw->mine_[h.request_id] = p;
-      // The header, the token, then the acks (ucx_protocol.h); kept until sent.
-      auto* hdr = new std::string(sizeof(h) + raw->token_.size(), '\0');
-      std::memcpy(hdr->data(), &h, sizeof(h));
-      std::memcpy(hdr->data() + sizeof(h), raw->token_.data(), raw->token_.size());
-      hdr->append(acks);
-      ucp_request_param_t rp{};
-      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS;
-      rp.flags = UCP_AM_SEND_FLAG_REPLY;
-      rp.user_data = hdr;
-      rp.cb.send = [](void* req, ucs_status_t, void* user_data) {
-        delete static_cast<std::string*>(user_data);
-        ucp_request_free(req);
-      };
-      ucs_status_ptr_t st = ucp_am_send_nbx(raw->ep_, ucx::kGetElementAm, hdr->data(),
-                                            hdr->size(), nullptr, 0, &rp);
-      if (st == nullptr) {
-        delete hdr;
-      } else if (UCS_PTR_IS_ERR(st)) {
-        delete hdr;
-        raw->client_->Forget(h.request_id);
-        raw->mine_.erase(h.request_id);
-        p->Complete(ucx::UcsError(UCS_PTR_STATUS(st), "sending a request"));
-      }
+    UcxClient* client = client_;
+    // `raw` outlives the closures: its destructor's Run() comes after them.
+    client->worker()->Post([raw, client, p, h, tail = std::move(tail)]() mutable {
+      client->WhenPoolHasRoom([raw, client, p, h, tail = std::move(tail)] {
+        if (p->Done()) return;  // cancelled while held back
+        if (raw->endpoint_ == nullptr || !raw->endpoint_->usable()) {
+          auto e = client->EndpointFor(raw->address_);
+          if (!e.ok()) return Complete(p, e.status());
+          raw->endpoint_ = *std::move(e);
+        }
+        client->Send(raw->endpoint_, p, h, tail);
+      });
     });
-    bool got = p->Wait(request.wait + absl::Seconds(30));
-    // This request is over for us either way: drop it from the maps (after
-    // its registration, which was posted first); a late reply finds nothing
-    // and is dropped by the AM handler.
-    client_->worker()->Post([raw, p] {
-      if (p->id == 0) return;
-      raw->mine_.erase(p->id);
-      raw->client_->Forget(p->id);
-    });
-    {
-      absl::MutexLock l(&mu_);
-      waiting_.erase(p.get());
-      if (cancelled_ && !got) return absl::CancelledError("transport cancelled");
-    }
-    if (!got) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no reply from worker ", address_, " over ucx"));
-    }
-    return p->Take();
   }
 
   void Cancel() override {
-    absl::MutexLock l(&mu_);
-    cancelled_ = true;
-    for (Pending* p : waiting_) p->Complete(absl::CancelledError("transport cancelled"));
+    std::vector<std::shared_ptr<Pending>> waiting;
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->cancelled = true;
+      for (auto& [raw, p] : state_->waiting) waiting.push_back(p);
+    }
+    // Complete() takes state_->mu itself.
+    for (auto& p : waiting) p->Complete(absl::CancelledError("transport cancelled"));
   }
 
   std::string protocol() const override { return "ucx"; }
@@ -480,34 +657,14 @@ class UcxElementTransport final : public ElementTransport {
   UcxElementTransport(UcxClient* client, std::string address, std::string token,
                       int64_t max_element_bytes)
       : client_(client), address_(std::move(address)), token_(std::move(token)),
-        max_element_bytes_(max_element_bytes) {}
+        max_element_bytes_(max_element_bytes), state_(std::make_shared<TransportState>()) {}
 
-  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-    auto* self = static_cast<UcxElementTransport*>(arg);
-    self->error_ = ucx::UcsError(status, absl::StrCat("ucx endpoint to ", self->address_));
-    // Fail every request in flight on this endpoint: a dead peer must not
-    // leave callers waiting.
-    for (auto& [id, p] : self->mine_) {
-      self->client_->Forget(id);
-      p->Complete(self->error_);
-    }
-    self->mine_.clear();
-    ucx::CloseEndpointForce(ep);
-    self->ep_ = nullptr;
-  }
-
-  UcxClient* client_;
+  UcxClient* const client_;
   const std::string address_;
   const std::string token_;  // sent in every request; empty: none
   const int64_t max_element_bytes_;
-  // Progress thread only:
-  ucp_ep_h ep_ = nullptr;
-  absl::Status error_;
-  std::map<uint64_t, std::shared_ptr<Pending>> mine_;
-
-  absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<Pending*> waiting_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<TransportState> state_;
+  std::shared_ptr<UcxEndpoint> endpoint_;  // progress thread only
 };
 
 }  // namespace
@@ -543,6 +700,7 @@ TransportStats GetTransportStats() {
   auto& c = internal::Counters();
   TransportStats s;
   s.ucx_elements_received = c.elements.load();
+  s.ucx_endpoints_connected = c.connects.load();
   s.ucx_bytes_received = c.bytes.load();
   s.client_payload_bytes_copied = c.copied.load();
   s.dedicated_buffer_allocations = c.pool.dedicated.load();

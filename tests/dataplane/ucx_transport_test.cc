@@ -290,10 +290,10 @@ TEST_F(UcxTransportTest, CancelReleasesWaiters) {
 // A transport that answers every request with one element.
 class FixedTransport final : public ElementTransport {
  public:
-  absl::StatusOr<ElementResult> GetElement(const ElementRequest&) override {
+  void GetElementAsync(const ElementRequest&, ElementCallback done) override {
     ElementResult r;
     r.elements.push_back({Tensor::Scalar<int32_t>(42)});
-    return r;
+    done(std::move(r));
   }
   void Cancel() override {}
   std::string protocol() const override { return "grpc"; }
