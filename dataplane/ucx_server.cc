@@ -11,9 +11,11 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "sluice/core/frame.h"
 #include "sluice/control/security_internal.h"
 #include "sluice/core/status.h"
@@ -106,8 +108,22 @@ namespace {
 // Every UcxElementServer of the process shares the process's UCX worker
 // (ucx::Worker::Shared), so one AM handler serves them all and finds the
 // server by the endpoint a request came on. Progress thread only.
+//
+// A stopped server's listener is not destroyed at once: it rejects
+// connections for kListenerGrace first. UCX 1.13 may replay an async event
+// it queued for a listener after the listener is gone (its missed-event
+// queue is not purged on removal; fixed upstream in 1.18) and crashed in
+// uct_listener_reject when in-process servers restarted many times a
+// second (tests/dataplane/ucx_stress_test.cc).
+struct ListenerSlot {
+  UcxElementServer::Impl* owner = nullptr;  // null once its server stopped
+  ucp_listener_h listener = nullptr;
+  absl::Time stopped_at = absl::InfiniteFuture();
+};
+constexpr absl::Duration kListenerGrace = absl::Seconds(2);
 struct ServerRegistry {
   std::map<ucp_ep_h, UcxElementServer::Impl*> owner;  // accepted endpoints
+  std::vector<std::unique_ptr<ListenerSlot>> stopped;  // listeners in their grace period
   bool handler_installed = false;
 };
 ServerRegistry& Registry() {
@@ -121,6 +137,7 @@ struct UcxElementServer::Impl {
   std::shared_ptr<SlotPool> send_pool;
   std::shared_ptr<ucx::Worker> worker;  // the process's (ucx::Worker::Shared)
   ucp_listener_h listener = nullptr;
+  std::unique_ptr<ListenerSlot> slot;  // the listener's handler argument
   std::string address;
   std::set<ucp_ep_h> eps;  // progress thread only
 
@@ -149,7 +166,12 @@ struct UcxElementServer::Impl {
   }
 
   static void OnConnRequest(ucp_conn_request_h req, void* arg) {
-    auto* self = static_cast<Impl*>(arg);
+    auto* slot = static_cast<ListenerSlot*>(arg);
+    if (slot->owner == nullptr) {  // its server stopped
+      ucp_listener_reject(slot->listener, req);
+      return;
+    }
+    Impl* self = slot->owner;
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -422,13 +444,27 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
                                  nullptr);
       if (!status.ok()) return;
       Registry().handler_installed = true;
+      raw->worker->AddTick([] {
+        auto& stopped = Registry().stopped;
+        const absl::Time now = absl::Now();
+        for (auto it = stopped.begin(); it != stopped.end();) {
+          if (now - (*it)->stopped_at < kListenerGrace) {
+            ++it;
+            continue;
+          }
+          ucp_listener_destroy((*it)->listener);
+          it = stopped.erase(it);
+        }
+      });
     }
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
     lp.sockaddr.addrlen = len;
     lp.conn_handler.cb = &Impl::OnConnRequest;
-    lp.conn_handler.arg = raw;
+    raw->slot = std::make_unique<ListenerSlot>();
+    raw->slot->owner = raw;
+    lp.conn_handler.arg = raw->slot.get();
     ucs_status_t s = ucp_listener_create(raw->worker->handle(), &lp, &raw->listener);
     if (s != UCS_OK) {
       status = ucx::UcsError(s, absl::StrCat("ucp_listener_create on ", host_port,
@@ -486,7 +522,12 @@ void UcxElementServer::Stop() {
       ucx::CloseEndpointForce(ep);
     }
     raw->eps.clear();
-    if (raw->listener != nullptr) ucp_listener_destroy(raw->listener);
+    if (raw->listener != nullptr) {
+      raw->slot->owner = nullptr;
+      raw->slot->listener = raw->listener;
+      raw->slot->stopped_at = absl::Now();
+      Registry().stopped.push_back(std::move(raw->slot));
+    }
     raw->listener = nullptr;
   });
   raw->worker.reset();
