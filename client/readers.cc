@@ -1,0 +1,369 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/client/readers_internal.h"
+#include "sluice/client/distribute.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice::internal {
+
+// ---- TaskOrder ---------------------------------------------------------------------
+
+int64_t TaskOrder::Sent() {
+  const int64_t n = sent_++;
+  outstanding_.insert(n);
+  return n;
+}
+
+void TaskOrder::Done(int64_t number) { outstanding_.erase(number); }
+
+void TaskOrder::Arrived(int64_t seq, int64_t count, std::vector<Element> elements,
+                        std::deque<std::vector<Element>>* out) {
+  if (seq < next_seq_ || held_.count(seq)) {
+    if (!elements.empty()) out->push_back(std::move(elements));
+    return;
+  }
+  held_.emplace(seq, Held{count, std::move(elements), sent_});
+  Release(out);
+}
+
+void TaskOrder::Release(std::deque<std::vector<Element>>* out) {
+  while (!held_.empty()) {
+    auto first = held_.begin();
+    if (first->first != next_seq_ && !outstanding_.empty() &&
+        *outstanding_.begin() < first->second.horizon) {
+      return;  // an earlier reply may still come
+    }
+    next_seq_ = first->first + first->second.count;
+    if (!first->second.elements.empty()) out->push_back(std::move(first->second.elements));
+    held_.erase(first);
+  }
+}
+
+// ---- SplitDedup --------------------------------------------------------------------
+
+bool SplitDedup::FirstDelivery(int64_t split_id, int64_t index) {
+  if (split_id <= 0 || index < 0) return true;  // untracked
+  // A late reply for a split forgotten as completed: prefer delivering it
+  // (at least once) to dropping an element that may be new.
+  if (split_id < watermark_ && !seen_.count(split_id)) return true;
+  Seen& s = seen_[split_id];
+  if (index < s.prefix || s.beyond.count(index)) return false;
+  if (index != s.prefix) {
+    s.beyond.insert(index);
+    return true;
+  }
+  ++s.prefix;
+  while (!s.beyond.empty() && *s.beyond.begin() == s.prefix) {
+    s.beyond.erase(s.beyond.begin());
+    ++s.prefix;
+  }
+  return true;
+}
+
+void SplitDedup::SetWatermark(int64_t watermark, bool hold) {
+  watermark_ = std::max(watermark_, watermark);
+  if (!hold) seen_.erase(seen_.begin(), seen_.lower_bound(watermark_));
+}
+
+// ---- Reader ------------------------------------------------------------------------
+
+Element Reader::TakeElement() {
+  std::vector<Element>& batch = results_.front();
+  Element e = std::move(batch[next_in_batch_++]);
+  if (next_in_batch_ == batch.size()) {
+    results_.pop_front();
+    next_in_batch_ = 0;
+  }
+  return e;
+}
+
+absl::Time Reader::NextWakeup(const std::map<int64_t, ClientTask>& tasks) const {
+  const absl::Time now = absl::Now();
+  absl::Time next = absl::InfiniteFuture();
+  for (const auto& [id, t] : tasks) {
+    if (!t.lost && !t.end_of_sequence && t.retry_after > now) next = std::min(next, t.retry_after);
+  }
+  return next;
+}
+
+bool Reader::RetryOrFail(ClientTask& t, const absl::Status& s, absl::Time now,
+                         const std::string& what) {
+  if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !absl::IsCancelled(s)) {
+    if (error_.ok()) error_ = s;  // the worker's own error, e.g. the dataset failed
+    return false;
+  }
+  // The worker may be restarting or gone; the dispatcher decides (it marks
+  // the task lost after worker_timeout_ms).
+  counters_.worker_errors++;
+  if (t.failures++ == 0) {
+    spdlog::warn("sluice client: {} from task {} on worker {}: {}; retrying", what, t.id, t.worker,
+                 std::string(s.message()));
+  }
+  t.retry_after =
+      now + std::min(absl::Milliseconds(20) * (1 << std::min(t.failures, 6)), absl::Seconds(1));
+  return true;
+}
+
+// ---- FcfsReader --------------------------------------------------------------------
+
+// Among the tasks that may be asked, the one with the fewest requests in
+// flight, the first after rr_ among equals: preferring the least loaded
+// keeps requests from piling up on a task with nothing ready (each such
+// request waits up to element_wait) while another has elements buffered.
+//
+// The last free slot (`free` counts max_outstanding minus replies
+// requested, held or buffered) is never parked (a request that may wait
+// element_wait for an element) when that could hold up elements: it gets a
+// probe (wait 0; the worker answers at once) instead
+//  - while another task than the one asked is busy (its last reply had
+//    elements). With one slot every other request used to wait
+//    element_wait on a task with nothing to give -- in distributed_epoch
+//    the task of a worker that read its last split and waits for the
+//    epoch's end, which needs the acknowledgements of the other task's
+//    elements;
+//  - in distributed_epoch while other requests are in flight: with every
+//    slot parked, the acknowledgements of the last elements received could
+//    not be sent, and the epoch's end waited for a parked request to time
+//    out.
+// A task whose last reply was not_ready (idle) gets at most one request at
+// a time while another task is busy, and a probe of an idle task needs a
+// reply with elements since the last one (probe_allowed_), so probes never
+// spin. With nothing in flight a request may always wait.
+ClientTask* FcfsReader::Pick(std::map<int64_t, ClientTask>& tasks, int64_t free, absl::Time now,
+                             absl::Duration* wait) {
+  auto readable = [now](const ClientTask& t) {
+    return !t.end_of_sequence && !t.lost && t.retry_after <= now;
+  };
+  int64_t busy = 0;
+  for (const auto& [id, t] : tasks) busy += readable(t) && !t.idle;
+  auto others_busy = [busy](const ClientTask& t) { return busy > (t.idle ? 0 : 1); };
+  auto probe = [&](const ClientTask& t) {
+    return free < 2 && (others_busy(t) || (options_.distributed && in_flight_ > 0));
+  };
+  auto start = tasks.upper_bound(rr_);
+  ClientTask* best = nullptr;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto it = pass == 0 ? start : tasks.begin(); it != tasks.end(); ++it) {
+      if (pass == 1 && it == start) break;
+      ClientTask& t = it->second;
+      if (!readable(t)) continue;
+      if (t.idle && ((others_busy(t) && t.in_flight > 0) || (probe(t) && !probe_allowed_))) {
+        continue;
+      }
+      if (best == nullptr || t.in_flight < best->in_flight) best = &t;
+    }
+  }
+  if (best == nullptr) return nullptr;
+  rr_ = best->id;
+  *wait = options_.element_wait;
+  if (probe(*best)) {
+    *wait = absl::ZeroDuration();
+    if (best->idle) probe_allowed_ = false;
+  }
+  return best;
+}
+
+std::vector<PlannedRequest> FcfsReader::Plan(std::map<int64_t, ClientTask>& tasks,
+                                             absl::Time now) {
+  std::vector<PlannedRequest> out;
+  if (!error_.ok()) return out;
+  while (true) {
+    const int64_t free = options_.max_outstanding - static_cast<int64_t>(results_.size()) -
+                         held_ - in_flight_;
+    if (free <= 0 || in_flight_ >= kMaxRequestsInFlight) break;
+    absl::Duration wait;
+    ClientTask* t = Pick(tasks, free, now, &wait);
+    if (t == nullptr) break;
+    PlannedRequest p;
+    p.task_id = t->id;
+    p.transport = t->transport;
+    p.number = t->order.Sent();
+    ElementRequest& req = p.request;
+    req.task_id = t->id;
+    req.consumer_index = options_.consumer_index;
+    req.client_id = options_.client_id;
+    req.max_outstanding = std::min(options_.max_outstanding, kMaxRequestsInFlight);
+    req.shared_job = options_.shared_job;
+    req.max_elements = kMaxElementsPerReply;
+    req.max_bytes = kMaxBytesPerReply;
+    req.wait = wait;
+    // Acknowledged once sent: a lost request's acks are not resent (an ack
+    // counted twice could complete a split too early); the worker's ack
+    // timeout covers them.
+    while (!t->unacked.empty() && req.acks.size() < kMaxAcksPerRequest) {
+      req.acks.push_back({t->unacked.begin()->first, t->unacked.begin()->second});
+      t->unacked.erase(t->unacked.begin());
+    }
+    ++t->in_flight;
+    ++in_flight_;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void FcfsReader::OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequest& sent,
+                         absl::StatusOr<ElementResult> r, absl::Time now) {
+  --in_flight_;
+  auto it = tasks.find(sent.task_id);
+  if (it == tasks.end()) return;
+  ClientTask& t = it->second;
+  --t.in_flight;
+  const int64_t held_before = t.order.held();
+  t.order.Done(sent.number);
+  if (r.ok()) {
+    t.failures = 0;
+    if (r->end_of_sequence) {
+      t.end_of_sequence = true;
+    } else if (r->not_ready || r->elements.empty()) {
+      t.idle = true;
+    } else {
+      t.idle = false;
+      probe_allowed_ = true;
+      const int64_t n = static_cast<int64_t>(r->elements.size());
+      t.received += n;
+      counters_.elements += n;
+      counters_.bytes += static_cast<int64_t>(r->bytes);
+      std::vector<Element> fresh;
+      fresh.reserve(r->elements.size());
+      for (size_t i = 0; i < r->elements.size(); ++i) {
+        SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
+        if (pos.split_id > 0) ++t.unacked[pos.split_id];
+        if (dedup_.FirstDelivery(pos.split_id, pos.index)) {
+          fresh.push_back(std::move(r->elements[i]));
+        } else {
+          counters_.duplicates++;  // a reassigned split's element we already have
+        }
+      }
+      t.order.Arrived(r->seq, n, std::move(fresh), &results_);
+    }
+  } else if (!t.lost) {
+    RetryOrFail(t, r.status(), now, "a request");
+  }
+  t.order.Release(&results_);
+  held_ += t.order.held() - held_before;
+  if (t.lost && t.in_flight == 0) dedup_.SetWatermark(watermark_, LostTaskInFlight(tasks));
+}
+
+void FcfsReader::OnTaskLost(std::map<int64_t, ClientTask>& tasks, ClientTask& t) {
+  dedup_.SetWatermark(watermark_, LostTaskInFlight(tasks));
+}
+
+bool FcfsReader::LostTaskInFlight(const std::map<int64_t, ClientTask>& tasks) const {
+  for (const auto& [id, t] : tasks) {
+    if (t.lost && t.in_flight > 0) return true;
+  }
+  return false;
+}
+
+void FcfsReader::SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) {
+  watermark_ = std::max(watermark_, watermark);
+  dedup_.SetWatermark(watermark_, LostTaskInFlight(tasks));
+}
+
+// ---- RoundReader -------------------------------------------------------------------
+
+ClientTask* RoundReader::TaskForRound(std::map<int64_t, ClientTask>& tasks, int64_t round) {
+  std::vector<ClientTask*> active;
+  bool any_live = false;
+  for (auto& [id, t] : tasks) {
+    if (t.starting_round > round) continue;
+    active.push_back(&t);
+    any_live = any_live || (!t.lost && !t.end_of_sequence);
+  }
+  if (!any_live) return nullptr;
+  return active[round % static_cast<int64_t>(active.size())];
+}
+
+void RoundReader::Resolve(int64_t round, std::optional<Element> e) {
+  if (!e) counters_.rounds_skipped++;
+  rounds_.emplace(round, std::move(e));
+  for (auto it = rounds_.begin(); it != rounds_.end() && it->first == deliver_round_;
+       it = rounds_.erase(it)) {
+    if (it->second) results_.push_back({*std::move(it->second)});
+    ++deliver_round_;
+  }
+}
+
+PlannedRequest RoundReader::Request(ClientTask& t, int64_t round) {
+  PlannedRequest p;
+  p.task_id = t.id;
+  p.transport = t.transport;
+  p.round = round;
+  p.request.task_id = t.id;
+  p.request.consumer_index = options_.consumer_index;
+  p.request.round = round;
+  p.request.wait = options_.element_wait;
+  p.request.max_bytes = kMaxBytesPerReply;
+  ++t.in_flight;
+  ++in_flight_;
+  return p;
+}
+
+std::vector<PlannedRequest> RoundReader::Plan(std::map<int64_t, ClientTask>& tasks,
+                                              absl::Time now) {
+  std::vector<PlannedRequest> out;
+  if (!error_.ok()) return out;
+  // Rounds to ask again whose time came.
+  for (auto it = retries_.begin(); it != retries_.end();) {
+    if (it->at > now) {
+      ++it;
+      continue;
+    }
+    auto t = tasks.find(it->task_id);
+    if (t == tasks.end() || t->second.lost || t->second.end_of_sequence) {
+      Resolve(it->round, std::nullopt);
+    } else {
+      out.push_back(Request(t->second, it->round));
+    }
+    it = retries_.erase(it);
+  }
+  while (next_round_ - deliver_round_ + static_cast<int64_t>(results_.size()) <
+             options_.max_outstanding &&
+         in_flight_ + static_cast<int64_t>(retries_.size()) < kMaxRequestsInFlight &&
+         (honoured_block_ < 0 || next_round_ < honoured_block_)) {
+    ClientTask* t = TaskForRound(tasks, next_round_);
+    if (t == nullptr) break;
+    const int64_t round = next_round_++;
+    if (t->lost || t->end_of_sequence) {
+      Resolve(round, std::nullopt);
+      continue;
+    }
+    out.push_back(Request(*t, round));
+  }
+  return out;
+}
+
+void RoundReader::OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequest& sent,
+                          absl::StatusOr<ElementResult> r, absl::Time now) {
+  --in_flight_;
+  auto it = tasks.find(sent.task_id);
+  if (it == tasks.end()) return Resolve(sent.round, std::nullopt);
+  ClientTask& t = it->second;
+  --t.in_flight;
+  if (r.ok() && !r->end_of_sequence && !r->not_ready && !r->elements.empty()) {
+    t.failures = 0;
+    t.received++;
+    counters_.elements++;
+    counters_.bytes += static_cast<int64_t>(r->bytes);
+    return Resolve(sent.round, std::move(r->elements[0]));
+  }
+  if (r.ok() && r->end_of_sequence) t.end_of_sequence = true;
+  if (t.lost || t.end_of_sequence) return Resolve(sent.round, std::nullopt);
+  if (r.ok()) {  // not ready yet: ask again at once (the worker held it)
+    retries_.push_back({sent.round, t.id, now});
+    return;
+  }
+  if (!RetryOrFail(t, r.status(), now, absl::StrCat("round ", sent.round))) {
+    return Resolve(sent.round, std::nullopt);
+  }
+  retries_.push_back({sent.round, t.id, t.retry_after});
+}
+
+absl::Time RoundReader::NextWakeup(const std::map<int64_t, ClientTask>&) const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const Retry& r : retries_) next = std::min(next, r.at);
+  return next;
+}
+
+}  // namespace sluice::internal

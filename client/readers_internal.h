@@ -1,0 +1,255 @@
+// The data-service iterator's reading strategies. Internal to client/.
+//
+// The iterator (distribute.cc) learns the iteration's tasks from the
+// dispatcher and owns one Reader: FcfsReader (first come, first served:
+// every mode but coordinated reads) or RoundReader (coordinated reads).
+// A reader decides which requests to send (Plan) and digests their
+// outcomes (OnReply); it never sends, waits or locks. The iterator calls
+// it under its own mutex, sends what Plan returned after releasing it
+// (GetElementAsync: no thread per request), and calls Plan again after
+// every event that can free or create work: a reply, an element taken by
+// Next(), a heartbeat, a retry time reached (Reader::NextWakeup).
+//
+// Building blocks, each testable alone: TaskOrder (a task's replies in the
+// order its worker handed them out) and SplitDedup (distributed_epoch:
+// drop an element of a reassigned split already delivered).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sluice/core/tensor.h"
+#include "sluice/dataplane/element_transport.h"
+
+namespace sluice::internal {
+
+// Per-task order. The worker numbers the elements it hands this consumer
+// from a task (a reply's seq is its first element's) in production order,
+// but replies of concurrent requests arrive in any order: a reply is held
+// until the replies before it were delivered. A reply with no seq (-1), or
+// one behind what was delivered, is delivered as it comes (never dropped).
+//
+// A gap below the first held reply is given up when no request that can
+// fill it is left: the worker handed out the missing elements before that
+// reply, so to a request sent before it arrived (numbered below its
+// horizon); once none of those is in flight, the missing reply was lost
+// (the worker died, the request failed or was cancelled after the worker
+// had taken its elements) and waiting longer would stall the task forever.
+class TaskOrder {
+ public:
+  // A request is sent; returns its number (sending order).
+  int64_t Sent();
+  // Request `number` is over (its reply arrived or it failed).
+  void Done(int64_t number);
+  // A reply of `count` elements from `seq` (`elements`: those kept after
+  // deduplication); appends what is deliverable now to `out`.
+  void Arrived(int64_t seq, int64_t count, std::vector<Element> elements,
+               std::deque<std::vector<Element>>* out);
+  // Delivers held replies whose gap can no longer be filled (see above);
+  // call after Done().
+  void Release(std::deque<std::vector<Element>>* out);
+  // Replies held back (they count against max_outstanding_requests).
+  int64_t held() const { return static_cast<int64_t>(held_.size()); }
+  int64_t outstanding() const { return static_cast<int64_t>(outstanding_.size()); }
+
+ private:
+  struct Held {
+    int64_t count = 0;
+    std::vector<Element> elements;
+    int64_t horizon = 0;  // requests sent when it arrived
+  };
+  int64_t next_seq_ = 0;
+  int64_t sent_ = 0;
+  std::map<int64_t, Held> held_;
+  std::set<int64_t> outstanding_;
+  // INVARIANT: held_ is empty when outstanding_ is (Release after Done).
+};
+
+// distributed_epoch: which (split, index) were delivered. Splits below the
+// dispatcher's watermark are complete (no worker produces them again) and
+// are forgotten -- but not while a lost task's request is in flight, whose
+// late reply could repeat one of them.
+class SplitDedup {
+ public:
+  // Records (split, index); false if it was delivered before. Untracked
+  // positions (split <= 0 or index < 0) are always new.
+  bool FirstDelivery(int64_t split_id, int64_t index);
+  // The dispatcher's completed-split watermark; forgets below it unless
+  // `hold` (a lost task still has requests in flight).
+  void SetWatermark(int64_t watermark, bool hold);
+  size_t tracked_splits() const { return seen_.size(); }
+
+ private:
+  struct Seen {
+    int64_t prefix = 0;  // [0, prefix) delivered
+    std::set<int64_t> beyond;
+  };
+  std::map<int64_t, Seen> seen_;
+  int64_t watermark_ = 0;
+};
+
+// A task of the iteration, as the client reads it.
+struct ClientTask {
+  int64_t id = 0;
+  std::string worker;
+  std::shared_ptr<ElementTransport> transport;
+  int64_t starting_round = 0;  // coordinated reads
+  bool end_of_sequence = false;
+  bool lost = false;
+  int64_t received = 0;
+  int64_t in_flight = 0;
+  int failures = 0;
+  absl::Time retry_after = absl::InfinitePast();
+  bool idle = false;  // its last reply was not_ready
+  // distributed_epoch: elements received per split, not yet acknowledged
+  // to the worker (the next request to it carries them).
+  std::map<int64_t, int64_t> unacked;
+  TaskOrder order;
+};
+
+// A request a reader decided on; `number` and `round` identify it in
+// OnReply.
+struct PlannedRequest {
+  int64_t task_id = 0;
+  std::shared_ptr<ElementTransport> transport;
+  ElementRequest request;
+  int64_t number = -1;  // the task's request number (FcfsReader)
+  int64_t round = -1;   // coordinated reads
+};
+
+// What every reader needs to know about its consumer.
+// Requests one consumer keeps in flight at most, whatever its
+// max_outstanding_requests (each may hold a worker's serving slot for up
+// to element_wait).
+inline constexpr int64_t kMaxRequestsInFlight = 64;
+
+struct ReaderOptions {
+  int64_t max_outstanding = 1;  // max_outstanding_requests
+  int64_t consumer_index = -1;
+  int64_t client_id = 0;
+  bool shared_job = false;
+  bool distributed = false;  // distributed_epoch: acks and dedup
+  absl::Duration element_wait = absl::Milliseconds(500);
+};
+
+// Counters a reader adds to (the iterator reports them process-wide).
+struct ReaderCounters {
+  int64_t elements = 0, bytes = 0, worker_errors = 0, duplicates = 0, rounds_skipped = 0;
+};
+
+class Reader {
+ public:
+  virtual ~Reader() = default;
+  // The requests to send now; each is counted in flight until OnReply.
+  virtual std::vector<PlannedRequest> Plan(std::map<int64_t, ClientTask>& tasks,
+                                           absl::Time now) = 0;
+  // The outcome of a planned request (its task may be gone: ignored then).
+  virtual void OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequest& sent,
+                       absl::StatusOr<ElementResult> r, absl::Time now) = 0;
+  // A task was found lost (its requests are being cancelled).
+  virtual void OnTaskLost(std::map<int64_t, ClientTask>& tasks, ClientTask& t) {}
+  // The dispatcher's completed-split watermark (distributed_epoch).
+  virtual void SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) {}
+
+  // Elements ready for Next(), in delivery order.
+  bool HasElement() const { return !results_.empty(); }
+  Element TakeElement();
+  int64_t in_flight() const { return in_flight_; }
+  // The earliest time Plan may have something new to send without another
+  // event (a retry backoff ending); InfiniteFuture if none.
+  virtual absl::Time NextWakeup(const std::map<int64_t, ClientTask>& tasks) const;
+  // The first error that ends the iteration (a worker's own error).
+  const absl::Status& error() const { return error_; }
+  ReaderCounters& counters() { return counters_; }
+
+ protected:
+  // A failed request to `t`: transport failures are retried after a
+  // backoff (the dispatcher decides whether the worker is lost); the
+  // worker's own errors end the iteration. True if retried.
+  bool RetryOrFail(ClientTask& t, const absl::Status& s, absl::Time now,
+                   const std::string& what);
+
+  std::deque<std::vector<Element>> results_;  // each non-empty
+  size_t next_in_batch_ = 0;
+  int64_t in_flight_ = 0;
+  absl::Status error_;
+  ReaderCounters counters_;
+};
+
+// First come, first served: up to max_outstanding replies requested, held
+// or buffered at once, spread over the readable tasks (the one with the
+// fewest in flight; see Plan in readers.cc for probes of idle tasks), each
+// task's replies delivered in its worker's order, distributed_epoch
+// duplicates dropped.
+class FcfsReader final : public Reader {
+ public:
+  explicit FcfsReader(ReaderOptions options) : options_(options) {}
+  std::vector<PlannedRequest> Plan(std::map<int64_t, ClientTask>& tasks, absl::Time now) override;
+  void OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequest& sent,
+               absl::StatusOr<ElementResult> r, absl::Time now) override;
+  void OnTaskLost(std::map<int64_t, ClientTask>& tasks, ClientTask& t) override;
+  void SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) override;
+  const SplitDedup& dedup() const { return dedup_; }
+
+ private:
+  ClientTask* Pick(std::map<int64_t, ClientTask>& tasks, int64_t free, absl::Time now,
+                   absl::Duration* wait);
+  bool LostTaskInFlight(const std::map<int64_t, ClientTask>& tasks) const;
+
+  const ReaderOptions options_;
+  SplitDedup dedup_;
+  int64_t watermark_ = 0;
+  int64_t held_ = 0;            // replies held for order, across tasks
+  bool probe_allowed_ = true;   // a probe of an idle task may be sent
+  int64_t rr_ = -1;             // round-robin position
+};
+
+// Coordinated reads: round r is served by the (r mod n)-th by id of the n
+// tasks started at or before it; each round is requested until it
+// resolves (an element, or skipped when its task ended or was lost, as
+// every consumer skips it); rounds are delivered in order, at most
+// max_outstanding of them requested or buffered. A joining round the
+// dispatcher announces (block) is not passed until the new task starts.
+class RoundReader final : public Reader {
+ public:
+  explicit RoundReader(ReaderOptions options) : options_(options) {}
+  std::vector<PlannedRequest> Plan(std::map<int64_t, ClientTask>& tasks, absl::Time now) override;
+  void OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequest& sent,
+               absl::StatusOr<ElementResult> r, absl::Time now) override;
+  absl::Time NextWakeup(const std::map<int64_t, ClientTask>& tasks) const override;
+
+  int64_t next_round() const { return next_round_; }
+  // The dispatcher's joining round (-1: none): honoured only from at or
+  // below it (else the dispatcher sees our round and picks a later one).
+  void SetBlock(int64_t block) { honoured_block_ = block >= 0 && next_round_ <= block ? block : -1; }
+  int64_t honoured_block() const { return honoured_block_; }
+
+ private:
+  struct Retry {
+    int64_t round;
+    int64_t task_id;
+    absl::Time at;
+  };
+  ClientTask* TaskForRound(std::map<int64_t, ClientTask>& tasks, int64_t round);
+  void Resolve(int64_t round, std::optional<Element> e);
+  PlannedRequest Request(ClientTask& t, int64_t round);
+
+  const ReaderOptions options_;
+  // INVARIANT: deliver_round_ <= next_round_; no round >= honoured_block_
+  // is started while honoured_block_ >= 0.
+  int64_t next_round_ = 0;
+  int64_t deliver_round_ = 0;
+  std::map<int64_t, std::optional<Element>> rounds_;  // resolved, not delivered
+  std::vector<Retry> retries_;  // rounds to ask again (not ready, or failed)
+  int64_t honoured_block_ = -1;
+};
+
+}  // namespace sluice::internal
