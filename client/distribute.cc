@@ -171,6 +171,7 @@ class DataServiceIterator final : public Iterator {
     {
       absl::MutexLock l(&mu_);
       stop_ = true;
+      if (reader_ != nullptr) reader_->Stop();
       for (auto& [id, t] : tasks_) transports.push_back(t.transport);
       if (heartbeat_ctx_ != nullptr) heartbeat_ctx_->TryCancel();
     }

@@ -89,6 +89,7 @@ absl::Time Reader::NextWakeup(const std::map<int64_t, ClientTask>& tasks) const 
 
 bool Reader::RetryOrFail(ClientTask& t, const absl::Status& s, absl::Time now,
                          const std::string& what) {
+  if (stopping_) return false;
   if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !absl::IsCancelled(s)) {
     if (error_.ok()) error_ = s;  // the worker's own error, e.g. the dataset failed
     return false;

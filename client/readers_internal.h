@@ -168,6 +168,9 @@ class Reader {
   virtual absl::Time NextWakeup(const std::map<int64_t, ClientTask>& tasks) const;
   // The first error that ends the iteration (a worker's own error).
   const absl::Status& error() const { return error_; }
+  // The iterator is going away: failures (its own cancellations) are
+  // neither retried nor logged.
+  void Stop() { stopping_ = true; }
   ReaderCounters& counters() { return counters_; }
 
  protected:
@@ -177,6 +180,7 @@ class Reader {
   bool RetryOrFail(ClientTask& t, const absl::Status& s, absl::Time now,
                    const std::string& what);
 
+  bool stopping_ = false;
   std::deque<std::vector<Element>> results_;  // each non-empty
   size_t next_in_batch_ = 0;
   int64_t in_flight_ = 0;

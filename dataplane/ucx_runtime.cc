@@ -204,7 +204,9 @@ void Worker::Post(std::function<void()> fn) {
     if (stop_) return;
     posted_.push_back(std::move(fn));
   }
-  ucp_worker_signal(h_);
+  // The progress thread itself (a completion callback sending the next
+  // request) runs the queue on its next pass without being woken.
+  if (!OnProgressThread()) ucp_worker_signal(h_);
 }
 
 void Worker::Run(std::function<void()> fn) {
