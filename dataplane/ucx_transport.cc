@@ -1,13 +1,17 @@
 // The client side of the UCX data plane.
 //
-// One process-wide UcxClient owns the receive pool and uses the process's
-// UCX worker and progress thread (ucx::Worker::Shared, shared with any
-// in-process UcxElementServer). Each UcxElementTransport is one endpoint to one
-// worker. A GetElement call posts a request AM and waits; the reply's AM
-// handler (progress thread) takes a slot from the pool and receives the
-// rendezvous payload straight into it with ucp_am_recv_data_nbx and the
-// slot's memh; the decoded Tensors view the slot, which returns to the pool
-// when the last of them is dropped.
+// One process-wide UcxClient owns the receive pool, the requests in flight
+// and one endpoint per worker address, and uses the process's UCX worker
+// and progress thread (ucx::Worker::Shared, shared with any in-process
+// UcxElementServer). A UcxElementTransport reads one worker over the shared
+// endpoint to its address. GetElementAsync posts a request AM and returns;
+// the reply's AM handler (progress thread) takes a slot from the pool and
+// receives the rendezvous payload straight into it with
+// ucp_am_recv_data_nbx and the slot's memh, then runs the request's
+// callback there; the decoded Tensors view the slot, which returns to the
+// pool when the last of them is dropped. Timers (request deadlines,
+// requests held back at the pool's cap, idle endpoints) run on the progress
+// thread's loop (Worker::AddTick).
 #include <atomic>
 #include <cstdlib>
 #include <cstring>

@@ -1,0 +1,98 @@
+// ElementTransport::GetElement (waiting on GetElementAsync), the fallback
+// wrapper (UCX until it fails before ever delivering a reply, then gRPC for
+// good), and the public entry to the UCX transport.
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "sluice/dataplane/element_transport.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice {
+namespace {
+
+// See MakeFallbackTransport.
+class FallbackTransport final : public ElementTransport {
+ public:
+  FallbackTransport(std::unique_ptr<ElementTransport> primary,
+                    std::unique_ptr<ElementTransport> fallback, std::string peer, bool allow)
+      : fallback_(std::move(fallback)), primary_(std::move(primary)), peer_(std::move(peer)),
+        allow_(allow) {}
+
+  void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
+    if (switched_.load()) return fallback_->GetElementAsync(request, std::move(done));
+    primary_->GetElementAsync(request, [this, request, done = std::move(done)](
+                                           absl::StatusOr<ElementResult> r) mutable {
+      if (r.ok()) {
+        worked_ = true;
+        return done(std::move(r));
+      }
+      const bool transport_failure =
+          absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status());
+      if (worked_.load() || !transport_failure) return done(std::move(r));
+      if (!allow_) {
+        return done(absl::UnavailableError(absl::StrCat(
+            "cannot reach worker ", peer_, " over ", primary_->protocol(), " and fallback to ",
+            fallback_->protocol(), " is disabled: ", r.status().message())));
+      }
+      if (!switched_.exchange(true)) {
+        spdlog::warn("sluice client: {} to worker {} failed ({}); falling back to {}",
+                     primary_->protocol(), peer_, std::string(r.status().message()),
+                     fallback_->protocol());
+      }
+      fallback_->GetElementAsync(request, std::move(done));
+    });
+  }
+  void Cancel() override {
+    primary_->Cancel();
+    fallback_->Cancel();
+  }
+  std::string protocol() const override {
+    return switched_.load() ? fallback_->protocol() : primary_->protocol();
+  }
+
+ private:
+  // The primary is declared last, so it is destroyed first: a callback of
+  // its may still send on the fallback.
+  std::unique_ptr<ElementTransport> fallback_;
+  std::unique_ptr<ElementTransport> primary_;
+  const std::string peer_;
+  const bool allow_;
+  std::atomic<bool> switched_{false}, worked_{false};
+};
+
+}  // namespace
+
+absl::StatusOr<ElementResult> ElementTransport::GetElement(const ElementRequest& request) {
+  struct Outcome {
+    absl::Notification done;
+    absl::StatusOr<ElementResult> result = absl::UnknownError("no outcome");
+  };
+  auto outcome = std::make_shared<Outcome>();
+  GetElementAsync(request, [outcome](absl::StatusOr<ElementResult> r) {
+    outcome->result = std::move(r);
+    outcome->done.Notify();
+  });
+  outcome->done.WaitForNotification();
+  return std::move(outcome->result);
+}
+
+std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementTransport> primary,
+                                                       std::unique_ptr<ElementTransport> fallback,
+                                                       std::string peer, bool allow_fallback) {
+  return std::unique_ptr<ElementTransport>(new FallbackTransport(
+      std::move(primary), std::move(fallback), std::move(peer), allow_fallback));
+}
+
+namespace internal {
+// ucx_transport.cc
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes);
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes) {
+  return internal::MakeUcxElementTransport(address, auth_token, max_element_bytes);
+}
+
+}  // namespace sluice
