@@ -1265,8 +1265,12 @@ TEST_P(ServiceTest, CoordinatedReadsWorkerJoiningMidJobJoinsAtAnAgreedRound) {
   StartService(2, ShardPerWorker(3));
   DistributeOptions o = Options();
   o.processing_mode = "data";
-  auto got = ReadCoordinated(o, 2, 120, 3000, [&](int r) {
+  // Consumer 0 slows down after the new worker starts (1 ms a round), so
+  // the join (a heartbeat, then a round both consumers agree to) happens
+  // well within the rounds read, also on a loaded machine.
+  auto got = ReadCoordinated(o, 2, 1500, 3000, [&](int r) {
     if (r == 10) StartWorkers(1);  // takes the third entry
+    if (r >= 10) absl::SleepFor(absl::Milliseconds(1));
   });
   ASSERT_FALSE(HasFatalFailure());
   std::vector<int64_t> workers = CheckRounds(got, 3);
