@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "control/service.grpc.pb.h"
 #include "sluice/control/dispatcher_impl.h"
 #include "sluice/control/grpc_util.h"
@@ -183,6 +184,10 @@ class DataServiceIterator final : public Iterator {
       };
       mu_.Await(absl::Condition(&idle));
     }
+    // Every request's callback ran; wait until the last of them has also
+    // returned (it may still be past its last use of mu_).
+    alive_.reset();
+    callbacks_done_->WaitForNotification();
     for (auto& t : threads_) t.join();
     if (client_id_ != 0) {
       proto::ReleaseIterationClientRequest req;
@@ -244,7 +249,9 @@ class DataServiceIterator final : public Iterator {
         mode_(internal::ParseProcessingMode(node.processing_mode())
                   .value_or(proto::PROCESSING_MODE_UNSPECIFIED)),
         distributed_(mode_ == proto::DISTRIBUTED_EPOCH),
-        stub_(proto::DispatcherService::NewStub(std::move(channel))) {}
+        stub_(proto::DispatcherService::NewStub(std::move(channel))),
+        callbacks_done_(std::make_shared<absl::Notification>()),
+        alive_(nullptr, [done = callbacks_done_](void*) { done->Notify(); }) {}
 
   // The reader, once the client id is known.
   void MakeReader() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -360,10 +367,10 @@ class DataServiceIterator final : public Iterator {
       // Taken out first: the callback below takes `p` over.
       std::shared_ptr<ElementTransport> transport = p.transport;
       const ElementRequest request = std::move(p.request);
-      transport->GetElementAsync(request,
-                                 [this, p = std::move(p)](absl::StatusOr<ElementResult> r) mutable {
-                                   OnReply(std::move(p), std::move(r));
-                                 });
+      transport->GetElementAsync(
+          request, [this, p = std::move(p), alive = alive_](absl::StatusOr<ElementResult> r) mutable {
+            OnReply(std::move(p), std::move(r));
+          });
     }
   }
 
@@ -528,6 +535,12 @@ class DataServiceIterator final : public Iterator {
   const proto::ProcessingMode mode_;
   const bool distributed_;
   std::unique_ptr<proto::DispatcherService::Stub> stub_;
+  // Every request's callback holds a copy of alive_; when the destructor
+  // drops its own and the last callback is destroyed, callbacks_done_ fires.
+  // (Written by the constructor and the destructor only: requests are sent
+  // before their callbacks can let the destructor past in_flight() == 0.)
+  const std::shared_ptr<absl::Notification> callbacks_done_;
+  std::shared_ptr<void> alive_;
   int64_t client_id_ = 0;
   std::vector<std::thread> threads_;
 
