@@ -1,11 +1,16 @@
 // The service's semantics, end to end, with an in-process dispatcher and
 // workers on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <filesystem>
 #include <functional>
@@ -619,10 +624,24 @@ TEST_P(ServiceTest, RuntimeErrorOnTheWorkerReachesTheClient) {
 }
 
 TEST_P(ServiceTest, UnreachableServiceIsUnavailableWithinTheTimeout) {
-  // A port nobody listens on: start and stop a dispatcher to find one.
+  // A port nobody listens on: start and stop a dispatcher to find one, and
+  // keep it bound (not listening) so that no server -- the worker started
+  // below picks a free port too -- can take it meanwhile.
   StartDispatcher();
   std::string target = dispatcher_->target();
+  const int port = dispatcher_->port();
   dispatcher_->Stop();
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{holder};
   DistributeOptions o;
   o.service = target;
   o.dispatcher_timeout_ms = 500;
