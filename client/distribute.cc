@@ -380,12 +380,14 @@ class DataServiceIterator final : public Iterator {
     {
       absl::MutexLock l(&mu_);
       const absl::Time now = absl::Now();
-      const absl::Time wakeup_before = timer_deadline_;
+      const bool failed = !r.ok();
       reader_->OnReply(tasks_, p, std::move(r), now);
       FlushCountersLocked();
       planned = PlanLocked();
-      // A retry scheduled earlier than the timer sleeps: wake it.
-      if (!planned.empty() || reader_->NextWakeup(tasks_) < wakeup_before) timer_kick_ = true;
+      // Only a failure schedules a retry for later (a not-ready round is
+      // planned again at once): wake the timer if that is sooner than it
+      // sleeps. A reply with elements touches neither.
+      if (failed && reader_->NextWakeup(tasks_) < timer_deadline_) timer_kick_ = true;
     }
     Send(std::move(planned));
   }
