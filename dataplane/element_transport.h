@@ -83,6 +83,10 @@ struct ElementResult {
   std::vector<SplitPosition> positions;
 };
 
+// A reply may take a request's wait plus this long (its transfer) before the
+// request fails with DeadlineExceeded, on every transport.
+inline constexpr absl::Duration kReplyTransferAllowance = absl::Seconds(30);
+
 // Runs once per request with its outcome. It must not block (it may run on
 // a transport's own thread, which serves every request of the process).
 using ElementCallback = std::function<void(absl::StatusOr<ElementResult>)>;

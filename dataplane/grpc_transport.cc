@@ -46,7 +46,7 @@ class GrpcElementTransport final : public ElementTransport {
   void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
     auto call = std::make_shared<GrpcCall>();
     // The worker answers within `wait`; allow for transfer time on top.
-    internal::SetTimeout(&call->ctx, request.wait + absl::Seconds(30));
+    internal::SetTimeout(&call->ctx, request.wait + kReplyTransferAllowance);
     proto::GetElementRequest& req = call->req;
     req.set_task_id(request.task_id);
     req.set_consumer_index(request.consumer_index);

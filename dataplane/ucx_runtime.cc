@@ -274,6 +274,26 @@ absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback
   return s == UCS_OK ? absl::OkStatus() : UcsError(s, "ucp_worker_set_am_recv_handler");
 }
 
+absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string& host_port,
+                                         ucp_err_handler_cb_t on_error, void* arg) {
+  sockaddr_storage ss;
+  socklen_t len;
+  SLUICE_RETURN_IF_ERROR(ParseSockaddr(host_port, &ss, &len));
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+  p.sockaddr.addrlen = len;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = on_error;
+  p.err_handler.arg = arg;
+  ucp_ep_h ep = nullptr;
+  ucs_status_t s = ucp_ep_create(worker, &p, &ep);
+  if (s != UCS_OK) return UcsError(s, absl::StrCat("ucx connect to ", host_port));
+  return ep;
+}
+
 void CloseEndpointForce(ucp_ep_h ep) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;

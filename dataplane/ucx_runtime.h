@@ -123,6 +123,10 @@ class Worker final {
 
 // Progress thread only: installs an active-message handler on `worker`.
 absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg);
+// Progress thread only: a client endpoint to the listener at "host:port",
+// with peer error handling (`on_error(arg, ep, status)` when the peer dies).
+absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string& host_port,
+                                         ucp_err_handler_cb_t on_error, void* arg);
 // Progress thread only: closes `ep` at once (peer error handling mode).
 void CloseEndpointForce(ucp_ep_h ep);
 

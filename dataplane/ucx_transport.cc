@@ -134,23 +134,7 @@ class UcxEndpoint {
   ~UcxEndpoint() { Fail(absl::CancelledError("endpoint closed")); }
 
   absl::Status Connect(ucp_worker_h worker) {
-    sockaddr_storage ss;
-    socklen_t len;
-    SLUICE_RETURN_IF_ERROR(ucx::ParseSockaddr(address_, &ss, &len));
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-    p.sockaddr.addrlen = len;
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = &UcxEndpoint::OnError;
-    p.err_handler.arg = this;
-    ucs_status_t s = ucp_ep_create(worker, &p, &ep_);
-    if (s != UCS_OK) {
-      ep_ = nullptr;
-      return ucx::UcsError(s, absl::StrCat("ucx connect to ", address_));
-    }
+    SLUICE_ASSIGN_OR_RETURN(ep_, ucx::ConnectEndpoint(worker, address_, &UcxEndpoint::OnError, this));
     return absl::OkStatus();
   }
 
@@ -209,8 +193,6 @@ extern std::atomic<UcxClient*> g_client;
 // and how soon after an endpoint to an address failed a new one is tried.
 constexpr absl::Duration kEndpointLinger = absl::Seconds(60);
 constexpr absl::Duration kReconnectAfter = absl::Milliseconds(200);
-// A reply may take the request's wait plus this long.
-constexpr absl::Duration kTransferAllowance = absl::Seconds(30);
 
 class UcxClient {
  public:
@@ -594,7 +576,7 @@ class UcxElementTransport final : public ElementTransport {
     p->owner = state_;
     p->max_element_bytes = static_cast<uint64_t>(max_element_bytes_);
     p->peer = address_;
-    p->deadline = absl::Now() + request.wait + kTransferAllowance;
+    p->deadline = absl::Now() + request.wait + kReplyTransferAllowance;
     bool cancelled;
     {
       absl::MutexLock l(&state_->mu);

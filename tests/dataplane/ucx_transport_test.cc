@@ -409,9 +409,6 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
     ucx::ReplyHeader header ABSL_GUARDED_BY(mu){};
     std::string text ABSL_GUARDED_BY(mu);
   } reply;
-  sockaddr_storage ss;
-  socklen_t len;
-  ASSERT_OK(ucx::ParseSockaddr((*server)->address(), &ss, &len));
   struct OldHeader {  // version 3's request header
     uint32_t magic, version;
     uint64_t request_id;
@@ -439,19 +436,13 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
         },
         &reply);
     if (!status.ok()) return;
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-    p.sockaddr.addrlen = len;
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};
-    ucs_status_t s = ucp_ep_create(worker->handle(), &p, &ep);
-    if (s != UCS_OK) {
-      status = ucx::UcsError(s, "ucp_ep_create");
+    auto connected = ucx::ConnectEndpoint(worker->handle(), (*server)->address(),
+                                          [](void*, ucp_ep_h, ucs_status_t) {}, nullptr);
+    if (!connected.ok()) {
+      status = connected.status();
       return;
     }
+    ep = *connected;
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
     rp.flags = UCP_AM_SEND_FLAG_REPLY;
