@@ -36,6 +36,7 @@
 #include "sluice/core/interrupt.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/transport_registry.h"
 #include "sluice/dataset/dataset_internal.h"
 #include "sluice/topology/topology.h"
 #include "spdlog/spdlog.h"
@@ -96,9 +97,15 @@ class DataServiceIterator final : public Iterator {
     SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(node.service()));
     SLUICE_ASSIGN_OR_RETURN(proto::ProcessingMode mode,
                             internal::ParseProcessingMode(node.processing_mode()));
-    if (node.data_transfer_protocol() == "ucx") {
-      // Place this process's UCX receive pool and progress thread (the
-      // first UCX iterator decides; the decision is logged once).
+    SLUICE_ASSIGN_OR_RETURN(
+        const internal::TransportProtocol* protocol,
+        internal::FindTransportProtocol(node.data_transfer_protocol(), "Distribute"));
+    SLUICE_ASSIGN_OR_RETURN(
+        const internal::TransportProtocol* grpc,
+        internal::FindTransportProtocol(internal::kGrpcProtocol, "Distribute"));
+    if (protocol->places_client_buffers) {
+      // Place this process's receive pool and progress thread (the first
+      // such iterator decides; the decision is logged once).
       PlacementConfig pc;
       pc.numa_node = node.numa_node().empty() ? "auto" : node.numa_node();
       pc.cpu_list = node.cpu_list();
@@ -123,7 +130,8 @@ class DataServiceIterator final : public Iterator {
     ClientSecurity security = SecurityOf(node);
     SLUICE_ASSIGN_OR_RETURN(auto channel, internal::MakeSecureChannel(address, security));
     std::unique_ptr<DataServiceIterator> it(
-        new DataServiceIterator(node, address, std::move(security), std::move(channel)));
+        new DataServiceIterator(node, address, std::move(security), std::move(channel), protocol,
+                                grpc));
     const int64_t timeout = node.dispatcher_timeout_ms();
     std::string dataset_id = node.dataset_id();
     if (node.has_dataset()) {
@@ -239,8 +247,12 @@ class DataServiceIterator final : public Iterator {
 
  private:
   DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address,
-                      ClientSecurity security, std::shared_ptr<grpc::Channel> channel)
+                      ClientSecurity security, std::shared_ptr<grpc::Channel> channel,
+                      const internal::TransportProtocol* protocol,
+                      const internal::TransportProtocol* grpc)
       : node_(node),
+        protocol_(protocol),
+        grpc_(grpc),
         address_(std::move(address)),
         security_(std::move(security)),
         max_element_bytes_(node.max_element_bytes() > 0 ? node.max_element_bytes()
@@ -272,30 +284,34 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
-  // The transport to a task's worker: UCX when both sides want it (with
-  // gRPC as the fallback), gRPC otherwise.
+  // The transport to a task's worker: the iteration's protocol when the
+  // worker serves it, with gRPC (which every worker serves) as its
+  // fallback; gRPC otherwise.
   absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const proto::TaskInfo& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    bool ucx = node_.data_transfer_protocol() == "ucx" && info.transfer_protocol() == "ucx";
-    if (!ucx) {
-      if (node_.data_transfer_protocol() == "ucx" && !warned_no_ucx_) {
-        warned_no_ucx_ = true;
-        spdlog::warn("sluice client: worker {} serves elements over gRPC only; using gRPC",
-                     info.worker_address());
+    const internal::ElementTransportOptions o{security_, max_element_bytes_};
+    auto grpc = grpc_->connect(info.worker_address(), o);
+    if (protocol_ == grpc_) return grpc;
+    if (info.transfer_protocol() != protocol_->name) {
+      if (!warned_protocol_) {
+        warned_protocol_ = true;
+        spdlog::warn("sluice client: worker {} serves elements over {} only, not {}; using gRPC",
+                     info.worker_address(),
+                     info.transfer_protocol().empty() ? "gRPC" : info.transfer_protocol(),
+                     protocol_->name);
       }
-      return MakeGrpcElementTransport(info.worker_address(), security_, max_element_bytes_);
-    }
-    auto grpc = MakeGrpcElementTransport(info.worker_address(), security_, max_element_bytes_);
-    if (!grpc.ok()) return grpc.status();
-    auto u = MakeUcxElementTransport(info.transfer_address(), security_.auth_token,
-                                     max_element_bytes_);
-    if (!u.ok()) {
-      if (node_.no_grpc_fallback()) return u.status();
-      spdlog::warn("sluice client: cannot use UCX to worker {} ({}); falling back to gRPC",
-                   info.worker_address(), std::string(u.status().message()));
       return grpc;
     }
-    return MakeFallbackTransport(*std::move(u), *std::move(grpc), info.worker_address(),
+    if (!grpc.ok()) return grpc.status();
+    auto primary = protocol_->connect(info.transfer_address(), o);
+    if (!primary.ok()) {
+      if (node_.no_grpc_fallback()) return primary.status();
+      spdlog::warn("sluice client: cannot use {} to worker {} ({}); falling back to gRPC",
+                   protocol_->name, info.worker_address(),
+                   std::string(primary.status().message()));
+      return grpc;
+    }
+    return MakeFallbackTransport(*std::move(primary), *std::move(grpc), info.worker_address(),
                                  !node_.no_grpc_fallback());
   }
 
@@ -530,6 +546,9 @@ class DataServiceIterator final : public Iterator {
   }
 
   const proto::DatasetNode::DataService node_;
+  // The iteration's transfer protocol, and gRPC (its fallback).
+  const internal::TransportProtocol* const protocol_;
+  const internal::TransportProtocol* const grpc_;
   const std::string address_;
   const ClientSecurity security_;  // for the dispatcher and every worker
   const int64_t max_element_bytes_;
@@ -554,7 +573,7 @@ class DataServiceIterator final : public Iterator {
   bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
   bool confirmed_end_ ABSL_GUARDED_BY(mu_) = false;  // see DoneLocked()
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;         // see NudgeHeartbeatLocked()
-  bool warned_no_ucx_ ABSL_GUARDED_BY(mu_) = false;
+  bool warned_protocol_ ABSL_GUARDED_BY(mu_) = false;  // see Connect()
   bool warned_stall_ ABSL_GUARDED_BY(mu_) = false;  // see WarnIfStalledLocked()
   // The timer thread sleeps until timer_deadline_ unless kicked.
   absl::Time timer_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
@@ -590,11 +609,8 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Distribute: max_outstanding_requests must be > 0; got ", o.max_outstanding_requests));
   }
-  if (o.data_transfer_protocol != "grpc" && o.data_transfer_protocol != "ucx") {
-    return absl::InvalidArgumentError(absl::StrCat("Distribute: unknown data_transfer_protocol '",
-                                                   o.data_transfer_protocol,
-                                                   "'; expected grpc or ucx"));
-  }
+  SLUICE_RETURN_IF_ERROR(
+      internal::FindTransportProtocol(o.data_transfer_protocol, "Distribute").status());
   SLUICE_ASSIGN_OR_RETURN(proto::TargetWorkers target,
                           internal::ParseTargetWorkers(o.target_workers));
   if (target == proto::TARGET_WORKERS_LOCAL && o.num_consumers.has_value()) {

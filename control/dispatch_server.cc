@@ -82,16 +82,20 @@ class DispatcherService final : public proto::DispatcherService::Service {
   const int64_t max_dataset_def_bytes_;
 };
 
-// Before a worker registers, its gRPC address and (UCX) data address must
-// accept a TCP connection within half the worker timeout (at most 2 s).
+// Before a worker registers, its gRPC address and its data address (where
+// its transfer protocol listens, if elsewhere; every protocol sluice has
+// sets up connections over TCP) must accept a TCP connection within half
+// the worker timeout (at most 2 s).
 absl::Status ProbeWorker(const proto::WorkerHeartbeatRequest& req, int64_t worker_timeout_ms) {
   const absl::Duration timeout =
       std::min(absl::Seconds(2), absl::Milliseconds(worker_timeout_ms) / 2);
   SLUICE_RETURN_IF_ERROR(internal::ProbeTcp(req.worker_address(), timeout));
-  if (req.transfer_protocol() == "ucx" && !req.transfer_address().empty() &&
-      req.transfer_address() != req.worker_address()) {
+  if (!req.transfer_address().empty() && req.transfer_address() != req.worker_address()) {
     absl::Status s = internal::ProbeTcp(req.transfer_address(), timeout);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("its UCX data address: ", s.message()));
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("its data address (", req.transfer_protocol(),
+                                                 "): ", s.message()));
+    }
   }
   return absl::OkStatus();
 }

@@ -169,10 +169,17 @@ bool DispatcherImpl::AwaitLocked(const absl::Condition& cond, absl::Duration tim
 absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRequest& req) {
   SLUICE_RETURN_IF_ERROR(ValidateDialableAddress(req.worker_address(), "worker_address"));
   const std::string& protocol = req.transfer_protocol();
-  if (!protocol.empty() && protocol != "grpc" && protocol != "ucx") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", req.worker_address(), ": unknown transfer_protocol '",
-                     absl::CHexEscape(protocol.substr(0, 64)), "'; expected grpc or ucx"));
+  // The dispatcher relays the name to clients, which know the protocols
+  // (dataplane/transport_registry.h); it only checks that it is a name.
+  const bool name_like =
+      protocol.size() <= 32 && std::all_of(protocol.begin(), protocol.end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '_' || c == '-' || c == '.';
+      });
+  if (!name_like) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", req.worker_address(), ": transfer_protocol '",
+        absl::CHexEscape(protocol.substr(0, 64)),
+        "' is not a protocol name (at most 32 letters, digits, '_', '-' or '.')"));
   }
   if (!req.transfer_address().empty()) {
     SLUICE_RETURN_IF_ERROR(ValidateDialableAddress(

@@ -28,7 +28,7 @@ class GrpcElementTransport final : public ElementTransport {
  public:
   GrpcElementTransport(std::string address, std::shared_ptr<grpc::Channel> channel)
       : state_(std::make_shared<State>()),
-        stub_(proto::WorkerService::NewStub(std::move(channel))) {
+        stub_(proto::ElementService::NewStub(std::move(channel))) {
     state_->address = std::move(address);
   }
 
@@ -128,7 +128,7 @@ class GrpcElementTransport final : public ElementTransport {
   }
 
   std::shared_ptr<State> state_;
-  std::unique_ptr<proto::WorkerService::Stub> stub_;
+  std::unique_ptr<proto::ElementService::Stub> stub_;
 };
 
 }  // namespace

@@ -41,48 +41,10 @@ std::atomic<int64_t> g_send_errors{0};
 size_t SendPoolBytes() { return size_t{512} << 20; }
 }  // namespace
 
-void WriteFrame(const FrameBuffer& f, uint8_t* out) {
-  std::memcpy(out, f.data, f.size);
-  if (f.payload == nullptr) return;
-  std::memcpy(out + f.size, f.payload, f.payload_size);
-  std::memset(out + f.size + f.payload_size, 0, f.frame_size() - f.size - f.payload_size);
-}
-
 int64_t WorkerFramesRegistered() { return g_registered_frames.load(); }
 int64_t WorkerZeroCopyPayloads() { return g_zero_copy_payloads.load(); }
 int64_t WorkerBatchedReplies() { return g_batched_replies.load(); }
 int64_t WorkerUcxSendErrors() { return g_send_errors.load(); }
-
-size_t FrameBuffer::frame_size() const {
-  return payload == nullptr ? size : size + ucx::AlignUp64(payload_size);
-}
-
-absl::StatusOr<FrameBuffer> EncodeServedFrame(const Element& element,
-                                              const FrameAllocator& alloc) {
-  SLUICE_ASSIGN_OR_RETURN(FrameLayout layout, ComputeFrameLayout(element));
-  if (element.size() == 1 && element[0].byte_size() >= kZeroCopyPayloadBytes) {
-    // A split frame: the header here, the payload viewed in the tensor
-    // (which the holder keeps alive until the send completes).
-    struct Holder {
-      Element element;
-      std::vector<uint8_t> header;
-    };
-    auto holder = std::make_shared<Holder>();
-    holder->element = element;
-    holder->header.resize(layout.header_size);
-    SLUICE_RETURN_IF_ERROR(EncodeFrameHeader(element, 0, absl::MakeSpan(holder->header)));
-    FrameBuffer f;
-    f.data = holder->header.data();
-    f.size = holder->header.size();
-    f.payload = static_cast<const uint8_t*>(element[0].data());
-    f.payload_size = element[0].byte_size();
-    f.owner = std::move(holder);
-    return f;
-  }
-  SLUICE_ASSIGN_OR_RETURN(FrameBuffer f, alloc(layout.frame_size()));
-  SLUICE_RETURN_IF_ERROR(EncodeFrame(element, 0, absl::Span<uint8_t>(f.data, f.size)));
-  return f;
-}
 
 std::atomic<int64_t>& ArenasVerified() {
   static std::atomic<int64_t> v{0};
@@ -91,17 +53,6 @@ std::atomic<int64_t>& ArenasVerified() {
 std::atomic<int64_t>& ArenasMisplaced() {
   static std::atomic<int64_t> v{0};
   return v;
-}
-
-FrameAllocator HeapFrameAllocator() {
-  return [](size_t size) -> absl::StatusOr<FrameBuffer> {
-    auto mem = std::shared_ptr<uint8_t[]>(new uint8_t[size == 0 ? 1 : size]);
-    FrameBuffer f;
-    f.data = mem.get();
-    f.size = size;
-    f.owner = std::move(mem);
-    return f;
-  };
 }
 
 namespace {
@@ -142,7 +93,7 @@ struct UcxElementServer::Impl {
   std::set<ucp_ep_h> eps;  // progress thread only
 
   std::string auth_token;  // empty: no auth
-  std::atomic<int64_t> refusals{0};
+  std::atomic<int64_t> refusals{0}, serve_errors{0}, bytes_copied{0};
 
   struct Job {
     ucp_ep_h ep;
@@ -296,6 +247,7 @@ struct UcxElementServer::Impl {
       }
       auto r = job.refusal.ok() ? source(job.request)
                                 : absl::StatusOr<ServedBatch>(job.refusal);
+      if (!r.ok() && job.refusal.ok() && !absl::IsCancelled(r.status())) serve_errors++;
       auto out = std::make_shared<Outgoing>();
       out->reply.resize(sizeof(ReplyHeader));
       ReplyHeader h{};
@@ -378,6 +330,7 @@ struct UcxElementServer::Impl {
     std::memcpy(p, &bh, sizeof(bh));
     std::memcpy(p + sizeof(bh), entries.data(), n * sizeof(ucx::BatchEntry));
     for (size_t i = 0; i < n; ++i) WriteFrame(frames[i], p + entries[i].offset);
+    bytes_copied += static_cast<int64_t>(total);
     out->data = p;
     out->size = total;
     out->memh = out->blob->memh;
@@ -420,22 +373,28 @@ UcxElementServer::UcxElementServer(std::unique_ptr<Impl> impl) : impl_(std::move
 UcxElementServer::~UcxElementServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
-    const std::string& host_port, ElementSource source, int threads,
-    DataPlanePlacement placement, std::string auth_token) {
+    ElementServerOptions options) {
+  const std::string& host_port = options.listen_address;
+  if (!options.source) return absl::InvalidArgumentError("UcxElementServer: no element source");
+  if (options.threads <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UcxElementServer: threads must be > 0; got ", options.threads));
+  }
   sockaddr_storage ss;
   socklen_t len;
   absl::Status ps = ucx::ParseSockaddr(host_port, &ss, &len);
   if (!ps.ok()) return ps;
   auto ctx = ucx::Context::Get();
   if (!ctx.ok()) return ctx.status();
-  auto worker = ucx::Worker::Shared(placement.on_progress_thread_start);
+  auto worker = ucx::Worker::Shared(options.placement.on_progress_thread_start);
   if (!worker.ok()) return worker.status();
   auto impl = std::make_unique<Impl>();
-  impl->source = std::move(source);
-  impl->auth_token = std::move(auth_token);
+  impl->source = std::move(options.source);
+  impl->auth_token = std::move(options.auth_token);
   impl->worker = *std::move(worker);
   impl->send_pool =
-      std::make_shared<SlotPool>(*ctx, &SendPoolBytes, &SendPoolStats(), std::move(placement));
+      std::make_shared<SlotPool>(*ctx, &SendPoolBytes, &SendPoolStats(),
+                                 std::move(options.placement));
   Impl* raw = impl.get();
   absl::Status status;
   impl->worker->Run([&] {
@@ -484,11 +443,15 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
     UcxElementServer failed(std::move(impl));  // Stop() releases what was created
     return status;
   }
-  for (int i = 0; i < threads; ++i) impl->threads.emplace_back([raw] { raw->Serve(); });
+  for (int i = 0; i < options.threads; ++i) impl->threads.emplace_back([raw] { raw->Serve(); });
   return std::unique_ptr<UcxElementServer>(new UcxElementServer(std::move(impl)));
 }
 
 std::string UcxElementServer::address() const { return impl_->address; }
+
+ElementServerStats UcxElementServer::stats() const {
+  return {impl_->serve_errors.load(), impl_->bytes_copied.load()};
+}
 
 FrameAllocator UcxElementServer::frame_allocator() const {
   std::shared_ptr<SlotPool> pool = impl_->send_pool;

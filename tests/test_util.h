@@ -59,6 +59,14 @@ auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) 
   return fut.get();
 }
 
+// A uint8 tensor of `bytes` bytes whose content depends on every byte's
+// position and on `seed` (corruption or a misplaced chunk shows).
+inline sluice::Tensor Pattern(size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed) ^ (i >> 9));
+  return sluice::Tensor::FromVector<uint8_t>(v);
+}
+
 inline absl::Status ToStatus(const absl::Status& s) { return s; }
 template <typename T>
 absl::Status ToStatus(const absl::StatusOr<T>& s) {

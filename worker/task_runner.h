@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "control/service.pb.h"
-#include "sluice/dataplane/ucx_server.h"
+#include "sluice/dataplane/element_server.h"
 #include "sluice/worker/split_client.h"
 
 namespace sluice::internal {

@@ -19,8 +19,7 @@ std::string RenderWorkerMetrics(const WorkerMetricsSnapshot& s) {
             s.bytes_served);
   w.Family("sluice_worker_serve_errors_total", MetricType::kCounter,
            "Element requests answered with an error, by data path (a stopped task excluded).");
-  w.Sample(s.grpc_serve_errors, {{"transport", "grpc"}});
-  w.Sample(s.ucx_serve_errors, {{"transport", "ucx"}});
+  for (const auto& e : s.serve_errors) w.Sample(e.errors, {{"transport", e.transport}});
   w.Counter("sluice_worker_ucx_send_errors_total",
             "UCX replies that failed to send (the client went away, or the transport failed).",
             s.transport.worker_ucx_send_errors);

@@ -15,7 +15,11 @@ namespace sluice::internal {
 struct WorkerMetricsSnapshot {
   std::string address, transfer_protocol;
   int64_t elements_served = 0, bytes_served = 0;  // every task, since start
-  int64_t grpc_serve_errors = 0, ucx_serve_errors = 0;
+  struct ServeErrors {
+    std::string transport;  // the element server's protocol
+    int64_t errors = 0;
+  };
+  std::vector<ServeErrors> serve_errors;  // one per element server
   int64_t grpc_bytes_copied = 0;  // frames copied into GetElement replies
   int64_t tasks_received = 0;
   double heartbeat_age_seconds = 0;  // since the last successful heartbeat

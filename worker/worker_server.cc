@@ -1,9 +1,11 @@
-// WorkerServer: the WorkerService gRPC endpoint, the heartbeat loop and the
-// task runners.
+// WorkerServer: the gRPC server (WorkerService, and ElementService through
+// the gRPC element server), the element servers, the heartbeat loop, and the
+// WorkerCore holding the task runners.
 //
-// Threads: gRPC's handler threads serve GetElement; one heartbeat thread
-// (started by Start, joined by Stop) talks to the dispatcher; each task has
-// a producer thread owned by its TaskRunner.
+// Threads: each element server's own (gRPC's handler threads; UCX serving
+// threads) call WorkerCore::Serve; one heartbeat thread (started by Start,
+// joined by Stop) talks to the dispatcher; each task has a producer thread
+// owned by its TaskRunner.
 #include "sluice/worker/worker_server.h"
 
 #include <atomic>
@@ -21,12 +23,13 @@
 #include "sluice/core/metrics.h"
 #include "sluice/control/security_internal.h"
 #include "sluice/core/status.h"
-#include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/element_server.h"
+#include "sluice/dataplane/transport_registry.h"
 #include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
-#include "sluice/dataplane/ucx_server.h"
 #include "sluice/topology/topology.h"
 #include "sluice/worker/task_runner.h"
+#include "sluice/worker/worker_core.h"
 #include "sluice/worker/worker_metrics.h"
 #include "spdlog/spdlog.h"
 
@@ -39,25 +42,28 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   std::string address;
   int port = 0;
   std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<internal::UcxElementServer> ucx;  // null on the grpc data path
-  std::string transfer_address, transfer_protocol;
+  // The gRPC element server (every client's fallback) and, when the worker
+  // serves another protocol, that protocol's server: `primary` points at
+  // the one advertised to the dispatcher.
+  std::unique_ptr<internal::ElementServer> grpc_elements, other_elements;
+  internal::ElementServer* primary = nullptr;
+  std::string transfer_protocol;  // primary's registry name, as advertised
+  std::string transfer_address;
   DataPlanePlacement placement;       // UCX send pool + progress thread
   std::function<void()> bind_thread;  // pins task producer threads
   std::unique_ptr<proto::DispatcherService::Stub> dispatcher;
+  internal::WorkerCore core{[this](const TaskRunner& t) { ReportFinished(t); }};
   std::thread heartbeat;
   absl::Notification stopping;
   bool stopped = false;
 
   absl::Mutex mu;
-  std::map<int64_t, std::shared_ptr<TaskRunner>> tasks ABSL_GUARDED_BY(mu);
-  std::set<int64_t> reported ABSL_GUARDED_BY(mu);  // completion sent to the dispatcher
   grpc::ClientContext* heartbeat_ctx ABSL_GUARDED_BY(mu) = nullptr;
   absl::Time last_heartbeat_ok ABSL_GUARDED_BY(mu) = absl::Now();
   int64_t dispatcher_timeout_seen ABSL_GUARDED_BY(mu) = 0;  // for the warning above
 
   // Metrics (see worker_metrics.h).
-  std::atomic<int64_t> elements_served{0}, bytes_served{0}, grpc_serve_errors{0},
-      ucx_serve_errors{0}, grpc_bytes_copied{0}, tasks_received{0}, heartbeat_failures{0};
+  std::atomic<int64_t> tasks_received{0}, heartbeat_failures{0};
   // Last member: destroyed (and its thread joined) first, as it reads the others.
   std::unique_ptr<internal::MetricsHttpServer> metrics;
 
@@ -65,49 +71,32 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     internal::WorkerMetricsSnapshot m;
     m.address = address;
     m.transfer_protocol = transfer_protocol;
-    m.elements_served = elements_served.load();
-    m.bytes_served = bytes_served.load();
-    m.grpc_serve_errors = grpc_serve_errors.load();
-    m.ucx_serve_errors = ucx_serve_errors.load();
-    m.grpc_bytes_copied = grpc_bytes_copied.load();
+    m.elements_served = core.elements_served();
+    m.bytes_served = core.bytes_served();
+    for (const internal::ElementServer* s : {grpc_elements.get(), other_elements.get()}) {
+      if (s == nullptr) continue;
+      const internal::ElementServerStats st = s->stats();
+      m.serve_errors.push_back(
+          {s == grpc_elements.get() ? internal::kGrpcProtocol : transfer_protocol, st.serve_errors});
+      if (s == grpc_elements.get()) m.grpc_bytes_copied = st.bytes_copied;
+    }
     m.tasks_received = tasks_received.load();
     m.heartbeat_failures = heartbeat_failures.load();
     m.transport = GetTransportStats();
     {
       absl::MutexLock l(&mu);
       m.heartbeat_age_seconds = absl::ToDoubleSeconds(absl::Now() - last_heartbeat_ok);
-      for (const auto& [id, t] : tasks) {
-        m.tasks.push_back({id, t->def().iteration_id(), t->counters()});
-      }
+    }
+    for (const auto& t : core.Tasks()) {
+      m.tasks.push_back({t->def().task_id(), t->def().iteration_id(), t->counters()});
     }
     return internal::RenderWorkerMetrics(m);
   }
 
-  // The task, waiting until `deadline` for a heartbeat to deliver it: a
-  // client learns of a task (from the dispatcher) as soon as this worker
-  // does, sometimes sooner. Answering "not ready" at once would hold that
-  // client back while others, whose requests came a moment later, read the
-  // task's first elements (in a shared job: all of a small iteration).
-  std::shared_ptr<TaskRunner> AwaitTask(int64_t id, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock l(&mu);
-    auto known = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return tasks.count(id) > 0; };
-    // In slices, to notice Stop() (which notifies without the mutex).
-    while (!known() && !stopping.HasBeenNotified()) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) break;
-      mu.AwaitWithTimeout(absl::Condition(&known), std::min(left, absl::Milliseconds(20)));
-    }
-    auto it = tasks.find(id);
-    return it == tasks.end() ? nullptr : it->second;
-  }
-
   // Tells the dispatcher at once that a task completed or failed (the next
-  // heartbeat repeats it if this call is lost).
-  void ReportFinished(const TaskRunner& task) ABSL_LOCKS_EXCLUDED(mu) {
-    {
-      absl::MutexLock l(&mu);
-      if (!reported.insert(task.def().task_id()).second) return;
-    }
+  // heartbeat repeats it if this call is lost). WorkerCore calls it once
+  // per task.
+  void ReportFinished(const TaskRunner& task) {
     proto::WorkerUpdateRequest req;
     req.set_worker_address(address);
     auto* u = req.add_updates();
@@ -129,79 +118,13 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     }
   }
 
-  // Answers one element request (both data paths use this).
-  absl::StatusOr<internal::ServedBatch> Serve(const ElementRequest& req) {
-    const absl::Time deadline =
-        absl::Now() + std::clamp(req.wait, absl::ZeroDuration(), absl::Seconds(10));
-    std::shared_ptr<TaskRunner> task = AwaitTask(req.task_id, deadline);
-    if (task == nullptr) {  // not (yet) delivered: the client asks again
-      internal::ServedBatch out;
-      out.not_ready = true;
-      return out;
-    }
-    const absl::Duration wait = std::max(absl::ZeroDuration(), deadline - absl::Now());
-    task->Ack(req.acks);
-    auto batch = task->def().num_consumers() > 0
-                     ? task->GetRound(wait, req.consumer_index, req.round)
-                     : task->GetBatch(req, wait);
-    if (!batch.ok()) {
-      if (!absl::IsCancelled(batch.status())) ReportFinished(*task);
-      return batch.status();
-    }
-    if (batch->end_of_sequence) ReportFinished(*task);
-    elements_served += static_cast<int64_t>(batch->frames.size());
-    for (const auto& f : batch->frames) bytes_served += static_cast<int64_t>(f.frame_size());
-    return batch;
-  }
-
   std::string WhoAmI() const { return absl::StrCat("worker ", address); }
-
-  // The gRPC data path: one element per call (the tf.data baseline).
-  grpc::Status GetElement(grpc::ServerContext* ctx, const proto::GetElementRequest* req,
-                          proto::GetElementResponse* resp) override {
-    grpc::Status auth = internal::CheckAuthToken(*ctx, config.auth_token, WhoAmI());
-    if (!auth.ok()) return auth;
-    ElementRequest r;
-    r.task_id = req->task_id();
-    r.consumer_index = req->consumer_index();
-    r.round = req->round();
-    r.wait = absl::Milliseconds(req->wait_ms());
-    r.client_id = req->client_id();
-    r.max_outstanding = std::max<int64_t>(1, req->max_outstanding());
-    r.shared_job = req->shared_job();
-    const int acks = std::min<int>({req->ack_split_ids_size(), req->ack_counts_size(),
-                                    static_cast<int>(kMaxAcksPerRequest)});
-    for (int i = 0; i < acks; ++i) r.acks.push_back({req->ack_split_ids(i), req->ack_counts(i)});
-    auto served = Serve(r);
-    if (!served.ok()) {
-      if (!absl::IsCancelled(served.status())) grpc_serve_errors++;
-      return internal::ToGrpcStatus(served.status());
-    }
-    resp->set_end_of_sequence(served->end_of_sequence);
-    resp->set_not_ready(served->not_ready);
-    if (!served->frames.empty()) {
-      const internal::FrameBuffer& f = served->frames[0];
-      std::string* out = resp->mutable_frame();
-      out->resize(f.frame_size());
-      internal::WriteFrame(f, reinterpret_cast<uint8_t*>(out->data()));
-      grpc_bytes_copied += static_cast<int64_t>(f.frame_size());
-      resp->set_split_id(f.position.split_id);
-      resp->set_split_index(f.position.index);
-      resp->set_seq(served->seq);
-    } else {
-      resp->set_split_id(-1);
-      resp->set_split_index(-1);
-      resp->set_seq(-1);
-    }
-    return grpc::Status::OK;
-  }
 
   grpc::Status GetWorkerTasks(grpc::ServerContext* ctx, const proto::GetWorkerTasksRequest*,
                               proto::GetWorkerTasksResponse* resp) override {
     grpc::Status auth = internal::CheckAuthToken(*ctx, config.auth_token, WhoAmI());
     if (!auth.ok()) return auth;
-    absl::MutexLock l(&mu);
-    for (const auto& [id, t] : tasks) *resp->add_tasks() = t->def();
+    for (const auto& t : core.Tasks()) *resp->add_tasks() = t->def();
     return grpc::Status::OK;
   }
 
@@ -217,18 +140,17 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     grpc::ClientContext ctx;
     internal::SetTimeout(&ctx, deadline);
     ctx.set_wait_for_ready(wait_for_ready);
+    for (const auto& t : core.Tasks()) {
+      req.add_current_tasks(t->def().task_id());
+      if (t->finished()) req.add_finished_tasks(t->def().task_id());
+    }
     {
       absl::MutexLock l(&mu);
-      for (const auto& [id, t] : tasks) {
-        req.add_current_tasks(id);
-        if (t->finished()) req.add_finished_tasks(id);
-      }
       if (stopping.HasBeenNotified()) return absl::CancelledError("worker stopping");
       heartbeat_ctx = &ctx;
     }
     proto::WorkerHeartbeatResponse resp;
     grpc::Status s = dispatcher->WorkerHeartbeat(&ctx, req, &resp);
-    std::vector<std::shared_ptr<TaskRunner>> doomed;  // destroyed outside the lock
     {
       absl::MutexLock l(&mu);
       heartbeat_ctx = nullptr;
@@ -249,28 +171,22 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
                        max_wait_ms);
         }
       }
-      for (const auto& def : resp.new_tasks()) {
-        if (tasks.count(def.task_id())) continue;
-        std::unique_ptr<internal::SplitClient> splits;
-        if (def.processing_mode() == proto::DISTRIBUTED_EPOCH) {
-          splits = std::make_unique<internal::SplitClient>(dispatcher.get(), address,
-                                                           def.task_id(), def.split_tracked());
-        }
-        tasks_received++;
-        tasks.emplace(def.task_id(),
-                      std::make_shared<TaskRunner>(def, config.task_buffer_elements,
-                                                   ucx ? ucx->frame_allocator()
-                                                       : internal::HeapFrameAllocator(),
-                                                   bind_thread, std::move(splits)));
+    }
+    for (const auto& def : resp.new_tasks()) {
+      if (core.HasTask(def.task_id())) continue;
+      std::unique_ptr<internal::SplitClient> splits;
+      if (def.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+        splits = std::make_unique<internal::SplitClient>(dispatcher.get(), address,
+                                                         def.task_id(), def.split_tracked());
       }
-      for (int64_t id : resp.tasks_to_delete()) {
-        auto it = tasks.find(id);
-        if (it == tasks.end()) continue;
-        it->second->Stop();
-        doomed.push_back(std::move(it->second));
-        tasks.erase(it);
-        reported.erase(id);
-      }
+      tasks_received++;
+      core.AddTask(std::make_shared<TaskRunner>(def, config.task_buffer_elements,
+                                                primary->frame_allocator(), bind_thread,
+                                                std::move(splits)));
+    }
+    for (int64_t id : resp.tasks_to_delete()) {
+      // Destroyed here, outside every lock (joins the producer).
+      std::shared_ptr<TaskRunner> doomed = core.RemoveTask(id);
     }
     return absl::OkStatus();
   }
@@ -301,11 +217,8 @@ WorkerServer::~WorkerServer() { Stop(); }
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config) {
   auto dispatcher = internal::ParseServiceAddress(config.dispatcher_address);
   if (!dispatcher.ok()) return dispatcher.status();
-  if (config.data_transfer_protocol != "grpc" && config.data_transfer_protocol != "ucx") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown data_transfer_protocol '",
-                                                   config.data_transfer_protocol,
-                                                   "'; expected grpc or ucx"));
-  }
+  SLUICE_ASSIGN_OR_RETURN(const internal::TransportProtocol* protocol,
+                          internal::FindTransportProtocol(config.data_transfer_protocol, "worker"));
   if (config.port < 0 || config.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("port ", config.port, " is not in 0..65535"));
   }
@@ -388,8 +301,28 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   std::string listen = absl::StrCat(config.bind_address, ":", config.port);
   builder.AddListeningPort(listen, server_creds, &impl->port);
   builder.RegisterService(impl.get());
+  // The gRPC element server, hosted here: every client's fallback.
+  auto element_options = [&] {
+    internal::ElementServerOptions o;
+    o.source = impl->core.source();
+    o.auth_token = config.auth_token;
+    o.placement = impl->placement;
+    o.name = [self = impl.get()] { return self->WhoAmI(); };
+    return o;
+  };
+  {
+    internal::ElementServerOptions o = element_options();
+    o.add_grpc_service = [&builder](grpc::Service* service) { builder.RegisterService(service); };
+    SLUICE_ASSIGN_OR_RETURN(const internal::TransportProtocol* grpc,
+                            internal::FindTransportProtocol(internal::kGrpcProtocol, "worker"));
+    SLUICE_ASSIGN_OR_RETURN(impl->grpc_elements, grpc->serve(std::move(o)));
+    impl->primary = impl->grpc_elements.get();
+    impl->transfer_protocol = internal::kGrpcProtocol;
+  }
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
+    impl->server.reset();
+    WorkerServer failed(std::move(impl));  // Stop() releases what was created
     return internal::ListenError("worker", config.bind_address, config.port);
   }
   // Health says SERVING only once the worker registered (end of Start).
@@ -397,26 +330,19 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   impl->address = config.worker_address.empty()
                       ? absl::StrCat(config.bind_address, ":", impl->port)
                       : config.worker_address;
-  impl->transfer_protocol = "grpc";
   impl->transfer_address = impl->address;
-  if (config.data_transfer_protocol == "ucx") {
-    std::string listen_ucx = config.data_transfer_address.empty()
-                                 ? absl::StrCat(config.bind_address, ":0")
-                                 : config.data_transfer_address;
-    Impl* self = impl.get();
-    auto ucx = internal::UcxElementServer::Start(
-        listen_ucx,
-        [self](const ElementRequest& r) {
-          auto served = self->Serve(r);
-          if (!served.ok() && !absl::IsCancelled(served.status())) self->ucx_serve_errors++;
-          return served;
-        },
-        16,
-        impl->placement, config.auth_token);
-    if (ucx.ok()) {
-      impl->ucx = *std::move(ucx);
-      impl->transfer_protocol = "ucx";
-      impl->transfer_address = impl->ucx->address();
+  if (protocol->name != internal::kGrpcProtocol) {
+    internal::ElementServerOptions o = element_options();
+    o.listen_address = config.data_transfer_address.empty()
+                           ? absl::StrCat(config.bind_address, ":0")
+                           : config.data_transfer_address;
+    o.tls = config.tls;
+    auto other = protocol->serve(std::move(o));
+    if (other.ok()) {
+      impl->other_elements = *std::move(other);
+      impl->primary = impl->other_elements.get();
+      impl->transfer_protocol = protocol->name;
+      impl->transfer_address = impl->primary->address();
       // A listener on a wildcard address publishes the worker's own host.
       const size_t colon = impl->transfer_address.rfind(':');
       if (internal::IsWildcardHost(impl->transfer_address.substr(0, colon))) {
@@ -426,8 +352,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       }
     } else {
       // Clients then read over gRPC; say why once.
-      spdlog::warn("worker: UCX data plane unavailable ({}); serving elements over gRPC",
-                   std::string(ucx.status().message()));
+      spdlog::warn("worker: {} data plane unavailable ({}); serving elements over gRPC",
+                   protocol->name, std::string(other.status().message()));
     }
   }
   if (config.metrics_port >= 0) {
@@ -435,8 +361,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     auto metrics = internal::MetricsHttpServer::Start(config.bind_address, config.metrics_port,
                                                       [self] { return self->RenderMetrics(); });
     if (!metrics.ok()) {
-      impl->server->Shutdown();
-      if (impl->ucx) impl->ucx->Stop();
+      WorkerServer failed(std::move(impl));
       return metrics.status();
     }
     impl->metrics = *std::move(metrics);
@@ -446,9 +371,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   absl::Status s = impl->Heartbeat(absl::ZeroDuration(),
                                    absl::Milliseconds(config.dispatcher_timeout_ms), true);
   if (!s.ok()) {
-    impl->server->Shutdown();
-    if (impl->ucx) impl->ucx->Stop();
-    if (impl->metrics) impl->metrics->Stop();
+    WorkerServer failed(std::move(impl));
     if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
       return absl::UnavailableError(absl::StrCat("worker cannot reach the dispatcher at ",
                                                  *dispatcher, " within ",
@@ -477,31 +400,27 @@ std::string WorkerServer::transfer_address() const { return impl_->transfer_addr
 int WorkerServer::port() const { return impl_->port; }
 int WorkerServer::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : -1; }
 
-int64_t WorkerServer::num_tasks() const {
-  absl::MutexLock l(&impl_->mu);
-  return static_cast<int64_t>(impl_->tasks.size());
-}
+int64_t WorkerServer::num_tasks() const { return impl_->core.num_tasks(); }
 
 void WorkerServer::Stop() {
   if (impl_ == nullptr || impl_->stopped) return;
   impl_->stopped = true;
   impl_->stopping.Notify();
   if (impl_->metrics) impl_->metrics->Stop();
-  if (auto* health = impl_->server->GetHealthCheckService()) health->SetServingStatus(false);
+  // Stopping the tasks wakes the requests waiting in them.
+  std::map<int64_t, std::shared_ptr<TaskRunner>> tasks = impl_->core.Stop();
   {
     absl::MutexLock l(&impl_->mu);
-    for (auto& [id, t] : impl_->tasks) t->Stop();  // wakes GetElement waits
     if (impl_->heartbeat_ctx != nullptr) impl_->heartbeat_ctx->TryCancel();
   }
-  impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
-  impl_->server->Wait();
-  if (impl_->ucx) impl_->ucx->Stop();
-  if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
-  std::map<int64_t, std::shared_ptr<TaskRunner>> tasks;
-  {
-    absl::MutexLock l(&impl_->mu);
-    tasks.swap(impl_->tasks);
+  if (impl_->server != nullptr) {
+    if (auto* health = impl_->server->GetHealthCheckService()) health->SetServingStatus(false);
+    impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+    impl_->server->Wait();
   }
+  if (impl_->other_elements) impl_->other_elements->Stop();
+  if (impl_->grpc_elements) impl_->grpc_elements->Stop();
+  if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
   tasks.clear();  // joins the producers
 }
 

@@ -1386,8 +1386,10 @@ TEST(DispatcherImplRegistrationTest, BadRegistrationsAreRefused) {
     return d.WorkerHeartbeat(req, &resp);
   };
   EXPECT_STATUS(hb(kW1, "../../../etc/passwd"), absl::StatusCode::kInvalidArgument,
-                "unknown transfer_protocol");
-  EXPECT_STATUS(hb(kW1, "-1"), absl::StatusCode::kInvalidArgument, "expected grpc or ucx");
+                "not a protocol name");
+  EXPECT_STATUS(hb(kW1, "ucx tcp"), absl::StatusCode::kInvalidArgument, "not a protocol name");
+  EXPECT_STATUS(hb(kW1, std::string(33, 'x')), absl::StatusCode::kInvalidArgument,
+                "not a protocol name");
   EXPECT_STATUS(hb("0.0.0.0:5000", "grpc"), absl::StatusCode::kInvalidArgument, "wildcard");
   EXPECT_STATUS(hb("nohostport", "grpc"), absl::StatusCode::kInvalidArgument, "worker_address");
   EXPECT_STATUS(hb(kW1, "ucx", "[::]:9"), absl::StatusCode::kInvalidArgument, "wildcard");

@@ -90,8 +90,11 @@ struct Slot {
 
 absl::Status StartInto(Slot& slot) {
   auto holder = std::make_shared<UcxElementServer*>(nullptr);
-  auto server = UcxElementServer::Start(
-      "127.0.0.1:0", [holder](const ElementRequest& r) { return Serve(r, *holder); }, 4);
+  internal::ElementServerOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.source = [holder](const ElementRequest& r) { return Serve(r, *holder); };
+  o.threads = 4;
+  auto server = UcxElementServer::Start(std::move(o));
   if (!server.ok()) return server.status();
   *holder = server->get();
   absl::MutexLock l(&slot.mu);

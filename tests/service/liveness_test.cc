@@ -186,14 +186,14 @@ TEST_F(LivenessTest, BogusAndUnreachableWorkersAreRefused) {
   const std::vector<Case> cases = {
       {nowhere, "", "grpc", grpc::StatusCode::FAILED_PRECONDITION, "cannot reach"},
       {live.address(), "", "../../../etc/passwd", grpc::StatusCode::INVALID_ARGUMENT,
-       "unknown transfer_protocol"},
-      {live.address(), "", "distributed_epoch", grpc::StatusCode::INVALID_ARGUMENT,
-       "unknown transfer_protocol"},
-      {live.address(), "", "-1", grpc::StatusCode::INVALID_ARGUMENT, "unknown transfer_protocol"},
+       "not a protocol name"},
+      {live.address(), "", "ucx tcp", grpc::StatusCode::INVALID_ARGUMENT, "not a protocol name"},
+      {live.address(), "", std::string(40, 'u'), grpc::StatusCode::INVALID_ARGUMENT,
+       "not a protocol name"},
       {"0.0.0.0:7", "", "grpc", grpc::StatusCode::INVALID_ARGUMENT, "wildcard"},
       {"not an address", "", "grpc", grpc::StatusCode::INVALID_ARGUMENT, "worker_address"},
       {live.address(), nowhere, "ucx", grpc::StatusCode::FAILED_PRECONDITION,
-       "UCX data address"},
+       "data address (ucx)"},
   };
   for (const Case& c : cases) {
     proto::WorkerHeartbeatRequest req;

@@ -23,6 +23,7 @@
 #include "sluice/core/status.h"
 #include "sluice/control/dispatch_server.h"
 #include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/transport_registry.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
 #include "sluice/dataset/image.h"
@@ -1336,6 +1337,58 @@ TEST_P(ServiceTest, CoordinatedReadsNeedAJobNameAndAnInfiniteDataset) {
   o.consumer_index.reset();
   EXPECT_STATUS(Dataset::Range(10).Repeat().Distribute(o).status(),
                 absl::StatusCode::kInvalidArgument, "both consumer_index and num_consumers");
+}
+
+// A transfer protocol registered by another module plugs into the worker
+// and the client by its name alone: here gRPC on a port of its own
+// ("grpc-own-port"). A client of that protocol reads its workers through
+// it; a client of another protocol reads the same worker over the gRPC
+// fallback, and a worker of another protocol the same way.
+TEST(TransferProtocolTest, ARegisteredProtocolServesWithoutChangesToTheWorkerOrTheClient) {
+  static std::atomic<int> connects{0};
+  const internal::TransportProtocol* grpc =
+      *internal::FindTransportProtocol(internal::kGrpcProtocol, "test");
+  internal::TransportProtocol own = *grpc;
+  own.name = "grpc-own-port";
+  own.connect = [grpc](const std::string& address, const internal::ElementTransportOptions& o) {
+    connects++;
+    return grpc->connect(address, o);
+  };
+  own.serve = [grpc](internal::ElementServerOptions o) {
+    o.add_grpc_service = nullptr;  // its own server on o.listen_address
+    return grpc->serve(std::move(o));
+  };
+  absl::Status registered = internal::RegisterTransportProtocol(own);
+  ASSERT_TRUE(registered.ok() || absl::IsAlreadyExists(registered)) << registered;
+
+  ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
+  std::vector<std::unique_ptr<WorkerServer>> workers;
+  for (const std::string protocol : {"grpc-own-port", "ucx"}) {
+    WorkerConfig wc;
+    wc.dispatcher_address = dispatcher->address();
+    wc.heartbeat_interval_ms = 200;
+    wc.data_transfer_protocol = protocol;
+    ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
+    workers.push_back(std::move(w));
+  }
+  EXPECT_NE(workers[0]->transfer_address(), workers[0]->address()) << "not on its own port";
+  for (const std::string protocol : {"grpc-own-port", "ucx"}) {
+    SCOPED_TRACE(protocol);
+    const int before = connects.load();
+    DistributeOptions o;
+    o.service = dispatcher->target();
+    o.data_transfer_protocol = protocol;
+    ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                           return CollectScalars<int64_t>(Dataset::Range(20).Distribute(o));
+                         }));
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < 20; ++i) want.insert(want.end(), {i, i});
+    EXPECT_THAT(v, UnorderedElementsAreArray(want));
+    // Its own protocol to the worker that serves it, nowhere else.
+    EXPECT_EQ(connects.load() - before, protocol == "grpc-own-port" ? 1 : 0);
+  }
+  for (auto& w : workers) w->Stop();
+  dispatcher->Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServiceTest, ::testing::Values("grpc", "ucx"),

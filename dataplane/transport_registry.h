@@ -1,0 +1,63 @@
+// The data transfer protocols, by name: how a client connects to a worker
+// (ElementTransport) and how a worker serves (ElementServer). Workers and
+// clients choose a protocol by the name in WorkerConfig /
+// DistributeOptions::data_transfer_protocol, and nothing else in sluice
+// compares protocol names. Built in: "grpc" (the baseline; every worker
+// serves it, so it is every client's fallback) and "ucx".
+//
+// Like tf.data service's DataTransferServer/DataTransferClient registry and
+// Arrow Flight's TransportRegistry.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sluice/control/security.h"
+#include "sluice/dataplane/element_server.h"
+#include "sluice/dataplane/element_transport.h"
+
+namespace sluice::internal {
+
+// The protocol every worker serves and every client can fall back to.
+inline constexpr char kGrpcProtocol[] = "grpc";
+
+struct ElementTransportOptions {
+  ClientSecurity security;
+  int64_t max_element_bytes = kDefaultMaxElementBytes;
+};
+
+struct TransportProtocol {
+  std::string name;
+  // A transport to the worker that published `address` for this protocol.
+  std::function<absl::StatusOr<std::unique_ptr<ElementTransport>>(
+      const std::string& address, const ElementTransportOptions& options)>
+      connect;
+  // A server answering from options.source.
+  std::function<absl::StatusOr<std::unique_ptr<ElementServer>>(ElementServerOptions options)>
+      serve;
+  // The client side registers receive memory and runs a progress thread,
+  // which SetClientDataPlanePlacement places (element_transport.h).
+  bool places_client_buffers = false;
+};
+
+// Adds a protocol; AlreadyExists if its name is taken, InvalidArgument if
+// it lacks a name or a factory.
+absl::Status RegisterTransportProtocol(TransportProtocol protocol);
+
+// The protocol named `name`, or InvalidArgument naming `who` and the
+// registered protocols.
+absl::StatusOr<const TransportProtocol*> FindTransportProtocol(absl::string_view name,
+                                                              absl::string_view who);
+
+// The registered names, sorted.
+std::vector<std::string> TransportProtocolNames();
+
+// The gRPC server of the built-in "grpc" protocol (grpc_server.cc).
+absl::StatusOr<std::unique_ptr<ElementServer>> StartGrpcElementServer(
+    ElementServerOptions options);
+
+}  // namespace sluice::internal
