@@ -6,10 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "control/service.grpc.pb.h"
 #include "sluice/control/grpc_util.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/transport_registry.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice {
@@ -18,6 +20,18 @@ namespace {
 // One GetElement call in flight: its context and messages live until the
 // callback ran.
 struct GrpcCall {
+  // Destroyed last (declared first): says the call is gone, context
+  // included. The context holds a reference to the channel, and the last
+  // reference to a channel must not be dropped on a gRPC callback thread
+  // (gRPC 1.51 then destroys that thread's completion queue from within
+  // it: a double free, seen under ASan). So the transport, which holds the
+  // channel, outlives every call.
+  struct Live {
+    explicit Live(std::shared_ptr<void> on_gone) : on_gone(std::move(on_gone)) {}
+    std::shared_ptr<void> on_gone;
+  };
+  explicit GrpcCall(std::shared_ptr<void> alive) : live(std::move(alive)) {}
+  Live live;
   grpc::ClientContext ctx;
   proto::GetElementRequest req;
   proto::GetElementResponse resp;
@@ -28,23 +42,23 @@ class GrpcElementTransport final : public ElementTransport {
  public:
   GrpcElementTransport(std::string address, std::shared_ptr<grpc::Channel> channel)
       : state_(std::make_shared<State>()),
-        stub_(proto::ElementService::NewStub(std::move(channel))) {
+        stub_(proto::ElementService::NewStub(std::move(channel))),
+        calls_gone_(std::make_shared<absl::Notification>()),
+        calls_alive_(nullptr, [gone = calls_gone_](void*) { gone->Notify(); }) {
     state_->address = std::move(address);
   }
 
-  // Cancels what is in flight and waits for its callbacks.
+  // Cancels what is in flight and waits until every call's callback ran
+  // and the call is destroyed (see GrpcCall::Live).
   ~GrpcElementTransport() override {
     Cancel();
-    absl::MutexLock l(&state_->mu);
-    auto idle = [s = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-      return s->active.empty();
-    };
-    state_->mu.Await(absl::Condition(&idle));
+    calls_alive_.reset();
+    calls_gone_->WaitForNotification();
   }
 
   // gRPC's callback API: the reply completes on one of gRPC's threads.
   void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
-    auto call = std::make_shared<GrpcCall>();
+    auto call = std::make_shared<GrpcCall>(calls_alive_);
     // The worker answers within `wait`; allow for transfer time on top.
     internal::SetTimeout(&call->ctx, request.wait + kReplyTransferAllowance);
     proto::GetElementRequest& req = call->req;
@@ -77,7 +91,7 @@ class GrpcElementTransport final : public ElementTransport {
     for (GrpcCall* c : state_->active) c->ctx.TryCancel();
   }
 
-  std::string protocol() const override { return "grpc"; }
+  std::string protocol() const override { return internal::kGrpcProtocol; }
 
  private:
   // Shared with the callbacks, so that it outlives the last of them.
@@ -104,7 +118,7 @@ class GrpcElementTransport final : public ElementTransport {
       done(Decode(state.address, call.resp));
     }
     absl::MutexLock l(&state.mu);
-    state.active.erase(&call);  // last: the destructor waits for this
+    state.active.erase(&call);
   }
 
   static absl::StatusOr<ElementResult> Decode(const std::string& address,
@@ -129,6 +143,10 @@ class GrpcElementTransport final : public ElementTransport {
 
   std::shared_ptr<State> state_;
   std::unique_ptr<proto::ElementService::Stub> stub_;
+  // Every call holds a copy of calls_alive_; calls_gone_ fires once the
+  // transport dropped its own and the last call is destroyed.
+  const std::shared_ptr<absl::Notification> calls_gone_;
+  std::shared_ptr<void> calls_alive_;
 };
 
 }  // namespace
