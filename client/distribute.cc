@@ -21,6 +21,7 @@
 #include "sluice/client/readers_internal.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <set>
@@ -88,6 +89,17 @@ absl::Status Call(proto::DispatcherService::Stub* stub, Method method, const Req
     return Unreachable(address, timeout_ms, s);
   }
   return internal::FromGrpcStatus(s, address);
+}
+
+// $SLUICE_UCX_EAGER_REPLIES=1: small replies come in the reply message and
+// are copied once, instead of by rendezvous (MakeUcxElementTransport;
+// docs/dataplane.md). Off by default: the client then copies nothing.
+bool EagerSmallRepliesFromEnv() {
+  static const bool on = [] {
+    const char* v = std::getenv("SLUICE_UCX_EAGER_REPLIES");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
 }
 
 class DataServiceIterator final : public Iterator {
@@ -289,7 +301,8 @@ class DataServiceIterator final : public Iterator {
   // fallback; gRPC otherwise.
   absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const proto::TaskInfo& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const internal::ElementTransportOptions o{security_, max_element_bytes_};
+    const internal::ElementTransportOptions o{security_, max_element_bytes_,
+                                              EagerSmallRepliesFromEnv()};
     auto grpc = grpc_->connect(info.worker_address(), o);
     if (protocol_ == grpc_) return grpc;
     if (info.transfer_protocol() != protocol_->name) {

@@ -87,12 +87,15 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
 namespace internal {
 // ucx_transport.cc
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address, const std::string& auth_token, int64_t max_element_bytes);
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes,
+    bool eager_small_replies);
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address, const std::string& auth_token, int64_t max_element_bytes) {
-  return internal::MakeUcxElementTransport(address, auth_token, max_element_bytes);
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes,
+    bool eager_small_replies) {
+  return internal::MakeUcxElementTransport(address, auth_token, max_element_bytes,
+                                           eager_small_replies);
 }
 
 }  // namespace sluice

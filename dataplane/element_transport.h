@@ -1,5 +1,5 @@
 // ElementTransport: how a client pulls elements from one worker. The gRPC
-// implementation (WorkerService.GetElement) is the baseline and fallback;
+// implementation (ElementService.GetElement) is the baseline and fallback;
 // the UCX implementation plugs in behind the same interface. Code above it
 // (the data-service iterator) does not know which one it uses.
 //
@@ -118,10 +118,15 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
 // A UCX endpoint to a worker's UCX listener at "host:port" (elements land
 // in the process's preregistered receive pool). `auth_token` goes in every
 // request; a worker that requires another answers Unauthenticated. UCX
-// traffic is not encrypted (docs/security.md).
+// traffic is not encrypted (docs/security.md). With `eager_small_replies`
+// the worker sends replies of at most 4 KiB in its reply message, which the
+// client copies once into the pool (counted in
+// TransportStats::client_payload_bytes_copied), instead of by rendezvous:
+// about half the client's CPU per element for small elements; larger
+// replies still arrive without a copy.
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
     const std::string& address, const std::string& auth_token = "",
-    int64_t max_element_bytes = kDefaultMaxElementBytes);
+    int64_t max_element_bytes = kDefaultMaxElementBytes, bool eager_small_replies = false);
 
 // `primary` (UCX) until it fails with Unavailable/DeadlineExceeded before
 // ever delivering a reply (it could not connect); then `fallback` (gRPC)

@@ -37,7 +37,7 @@ Registry& TheRegistry() {
     AddLocked(*r, {"ucx",
                    [](const std::string& address, const ElementTransportOptions& o) {
                      return MakeUcxElementTransport(address, o.security.auth_token,
-                                                    o.max_element_bytes);
+                                                    o.max_element_bytes, o.copy_small_replies);
                    },
                    [](ElementServerOptions options)
                        -> absl::StatusOr<std::unique_ptr<ElementServer>> {

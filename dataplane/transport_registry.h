@@ -28,6 +28,9 @@ inline constexpr char kGrpcProtocol[] = "grpc";
 struct ElementTransportOptions {
   ClientSecurity security;
   int64_t max_element_bytes = kDefaultMaxElementBytes;
+  // Small replies may come by copy when that saves round trips (UCX:
+  // MakeUcxElementTransport's eager_small_replies; gRPC always copies).
+  bool copy_small_replies = false;
 };
 
 struct TransportProtocol {

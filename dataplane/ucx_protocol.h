@@ -91,7 +91,13 @@ inline constexpr uint32_t kMaxBatchElements = 1024;
 
 enum RequestFlags : uint16_t {
   kRequestSharedJob = 1u << 0,
+  // The client takes replies of at most kEagerReplyBytes of data eagerly
+  // (in the reply message, copied once into its arena) instead of by
+  // rendezvous (RTS, RTR, data, acknowledgement: several messages and
+  // thread wake-ups each). Workers that do not know the flag ignore it.
+  kRequestEagerSmallReplies = 1u << 1,
 };
+inline constexpr size_t kEagerReplyBytes = 4096;
 
 enum ReplyFlags : uint16_t {
   kReplyEndOfSequence = 1u << 0,

@@ -100,6 +100,7 @@ struct UcxElementServer::Impl {
     ElementRequest request;
     uint64_t request_id;
     absl::Status refusal;  // not OK: answer with this error, do not serve
+    bool eager_small = false;  // ucx::kRequestEagerSmallReplies
   };
   absl::Mutex mu;
   std::deque<Job> jobs ABSL_GUARDED_BY(mu);
@@ -224,6 +225,7 @@ struct UcxElementServer::Impl {
     job.request.client_id = h.client_id;
     job.request.max_outstanding = std::max<int64_t>(1, h.max_outstanding);
     job.request.shared_job = h.flags & ucx::kRequestSharedJob;
+    job.eager_small = h.flags & ucx::kRequestEagerSmallReplies;
     const auto* acks = static_cast<const uint8_t*>(header) + sizeof(RequestHeader) + h.token_len;
     for (uint32_t i = 0; i < h.ack_count; ++i) {
       ucx::AckEntry a;
@@ -289,6 +291,7 @@ struct UcxElementServer::Impl {
           out->reply.append(std::string(s.message().substr(0, ucx::kMaxInline)));
         }
       }
+      out->eager = job.eager_small && out->size <= ucx::kEagerReplyBytes;
       h.inline_len = static_cast<uint32_t>(out->reply.size() - sizeof(h));
       h.data_size = out->size;
       std::memcpy(out->reply.data(), &h, sizeof(h));
@@ -305,6 +308,7 @@ struct UcxElementServer::Impl {
     const uint8_t* data = nullptr;
     size_t size = 0;
     void* memh = nullptr;
+    bool eager = false;  // small, and the client takes it so
   };
 
   // Packs several frames into one registered blob (see ucx_protocol.h).
@@ -351,8 +355,9 @@ struct UcxElementServer::Impl {
       ucp_request_free(request);
     };
     p.user_data = holder;
-    // Rendezvous: the payload goes straight into the client's buffer.
-    p.flags = o.size == 0 ? 0 : UCP_AM_SEND_FLAG_RNDV;
+    // Rendezvous: the payload goes straight into the client's buffer;
+    // small replies go in the message when the client asked so.
+    p.flags = o.size == 0 ? 0 : o.eager ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
     if (o.memh != nullptr) {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       p.memh = static_cast<ucp_mem_h>(o.memh);

@@ -491,7 +491,8 @@ class UcxClient {
     std::memcpy(p->buffer->data, inline_bytes, p->header_bytes);  // a frame header, not payload
     uint8_t* dest = p->buffer->data + p->header_bytes;
     if (!rndv) {
-      // Eager data (the worker did not use rendezvous): one copy, counted.
+      // Eager data (a small reply the client asked so, see
+      // kRequestEagerSmallReplies): one copy, counted.
       std::memcpy(dest, data, length);
       Counters().copied += static_cast<int64_t>(length);
       Decode(p);
@@ -546,7 +547,8 @@ class UcxElementTransport final : public ElementTransport {
  public:
   static absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const std::string& address,
                                                                    const std::string& token,
-                                                                   int64_t max_element_bytes) {
+                                                                   int64_t max_element_bytes,
+                                                                   bool eager_small_replies) {
     if (token.size() > kMaxAuthTokenBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("auth token longer than ", kMaxAuthTokenBytes, " bytes"));
@@ -559,8 +561,8 @@ class UcxElementTransport final : public ElementTransport {
     SLUICE_RETURN_IF_ERROR(ucx::ParseSockaddr(address, &ss, &len));
     SLUICE_ASSIGN_OR_RETURN(UcxClient * client, UcxClient::Get());
     // The endpoint is taken (or made) by the first request.
-    return std::unique_ptr<ElementTransport>(
-        new UcxElementTransport(client, address, token, max_element_bytes));
+    return std::unique_ptr<ElementTransport>(new UcxElementTransport(
+        client, address, token, max_element_bytes, eager_small_replies));
   }
 
   ~UcxElementTransport() override {
@@ -601,7 +603,8 @@ class UcxElementTransport final : public ElementTransport {
         std::clamp<int64_t>(request.max_bytes, 0, std::numeric_limits<uint32_t>::max()));
     h.max_outstanding = static_cast<uint16_t>(
         std::clamp<int64_t>(request.max_outstanding, 1, std::numeric_limits<uint16_t>::max()));
-    h.flags = request.shared_job ? ucx::kRequestSharedJob : 0;
+    h.flags = (request.shared_job ? ucx::kRequestSharedJob : 0) |
+              (eager_small_replies_ ? ucx::kRequestEagerSmallReplies : 0);
     h.client_id = request.client_id;
     h.token_len = static_cast<uint16_t>(token_.size());
     h.ack_count = static_cast<uint16_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
@@ -641,14 +644,16 @@ class UcxElementTransport final : public ElementTransport {
 
  private:
   UcxElementTransport(UcxClient* client, std::string address, std::string token,
-                      int64_t max_element_bytes)
+                      int64_t max_element_bytes, bool eager_small_replies)
       : client_(client), address_(std::move(address)), token_(std::move(token)),
-        max_element_bytes_(max_element_bytes), state_(std::make_shared<TransportState>()) {}
+        max_element_bytes_(max_element_bytes), eager_small_replies_(eager_small_replies),
+        state_(std::make_shared<TransportState>()) {}
 
   UcxClient* const client_;
   const std::string address_;
   const std::string token_;  // sent in every request; empty: none
   const int64_t max_element_bytes_;
+  const bool eager_small_replies_;  // see MakeUcxElementTransport
   const std::shared_ptr<TransportState> state_;
   std::shared_ptr<UcxEndpoint> endpoint_;  // progress thread only
 };
@@ -656,8 +661,10 @@ class UcxElementTransport final : public ElementTransport {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address, const std::string& auth_token, int64_t max_element_bytes) {
-  return UcxElementTransport::Connect(address, auth_token, max_element_bytes);
+    const std::string& address, const std::string& auth_token, int64_t max_element_bytes,
+    bool eager_small_replies) {
+  return UcxElementTransport::Connect(address, auth_token, max_element_bytes,
+                                      eager_small_replies);
 }
 
 }  // namespace internal

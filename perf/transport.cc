@@ -704,7 +704,7 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
               "max_outstanding_requests=%lld\n",
               quick ? " --quick" : "", a.workers, static_cast<long long>(a.max_outstanding));
   std::printf("machine: %s\n", machine.Describe().c_str());
-  std::printf("ucx-tcp: UCX_TLS=tcp; ucx-shm: UCX_TLS=%s; grpc: WorkerService.GetElement\n",
+  std::printf("ucx-tcp: UCX_TLS=tcp; ucx-shm: UCX_TLS=%s; grpc: ElementService.GetElement\n",
               a.shm_tls.c_str());
   PrintTransportTable(rows);
   std::printf(

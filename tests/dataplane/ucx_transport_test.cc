@@ -131,6 +131,40 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
             1);
 }
 
+// A client that asks for eager small replies gets replies of at most
+// kEagerReplyBytes in the reply message, copied once (and counted); larger
+// replies still arrive by rendezvous without a copy. Small and large
+// elements alike arrive bit-exact.
+TEST_F(UcxTransportTest, EagerSmallRepliesAreCopiedOnceAndLargeOnesNever) {
+  ASSERT_OK_AND_ASSIGN(auto eager, MakeUcxElementTransport(server_->address(), "",
+                                                           kDefaultMaxElementBytes, true));
+  for (size_t bytes : {size_t{1}, size_t{1000}, size_t{3000}, size_t{5000}, size_t{64} << 10,
+                       size_t{3} << 20}) {
+    elements_.push_back({Pattern(bytes, static_cast<uint8_t>(elements_.size()))});
+  }
+  for (size_t i = 0; i < elements_.size(); ++i) {
+    SCOPED_TRACE(i);
+    const TransportStats before = GetTransportStats();
+    ElementRequest req;
+    req.task_id = static_cast<int64_t>(i);
+    ASSERT_OK_AND_ASSIGN(ElementResult r, eager->GetElement(req));
+    ASSERT_EQ(r.elements.size(), 1u);
+    EXPECT_TRUE(ElementsEqual(r.elements[0], elements_[i]));
+    const int64_t copied = GetTransportStats().client_payload_bytes_copied -
+                           before.client_payload_bytes_copied;
+    if (r.bytes <= internal::ucx::kEagerReplyBytes) {
+      EXPECT_EQ(copied, static_cast<int64_t>(r.bytes)) << r.bytes << "-byte reply";
+    } else {
+      EXPECT_EQ(copied, 0) << r.bytes << "-byte reply";
+    }
+  }
+  // The default transport never copies, whatever the size.
+  const TransportStats before = GetTransportStats();
+  ASSERT_OK_AND_ASSIGN(ElementResult r, Get(1));
+  EXPECT_TRUE(ElementsEqual(r.elements.at(0), elements_[1]));
+  EXPECT_EQ(GetTransportStats().client_payload_bytes_copied, before.client_payload_bytes_copied);
+}
+
 TEST_F(UcxTransportTest, ABatchArrivesInOrderInOneReplyWithoutClientCopies) {
   for (int i = 0; i < 300; ++i) {
     if (i % 50 == 7) {
