@@ -139,6 +139,16 @@ class DataServiceIterator final : public Iterator {
         SetClientDataPlanePlacement(std::move(dp));
       }
     }
+    const std::string& pinned = node.cuda_pinned();
+    if (pinned != "off" && protocol->pin_client_buffers_for_cuda) {
+      absl::Status s = protocol->pin_client_buffers_for_cuda();
+      if (!s.ok() && pinned == "on") {
+        return absl::Status(s.code(), absl::StrCat("Distribute: cuda_pinned=on: ", s.message()));
+      }
+      if (!s.ok()) {
+        spdlog::debug("sluice client: receive arenas not pinned: {}", std::string(s.message()));
+      }
+    }
     ClientSecurity security = SecurityOf(node);
     SLUICE_ASSIGN_OR_RETURN(auto channel, internal::MakeSecureChannel(address, security));
     std::unique_ptr<DataServiceIterator> it(
@@ -622,8 +632,6 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Distribute: max_outstanding_requests must be > 0; got ", o.max_outstanding_requests));
   }
-  SLUICE_RETURN_IF_ERROR(
-      internal::FindTransportProtocol(o.data_transfer_protocol, "Distribute").status());
   SLUICE_ASSIGN_OR_RETURN(proto::TargetWorkers target,
                           internal::ParseTargetWorkers(o.target_workers));
   if (target == proto::TARGET_WORKERS_LOCAL && o.num_consumers.has_value()) {
@@ -656,6 +664,18 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
   if (o.max_element_bytes <= 0) {
     return absl::InvalidArgumentError("Distribute: max_element_bytes must be > 0");
   }
+  if (o.cuda_pinned != "auto" && o.cuda_pinned != "on" && o.cuda_pinned != "off") {
+    return absl::InvalidArgumentError(absl::StrCat("Distribute: cuda_pinned must be auto, on or "
+                                                   "off; got '", o.cuda_pinned, "'"));
+  }
+  SLUICE_ASSIGN_OR_RETURN(
+      const internal::TransportProtocol* protocol,
+      internal::FindTransportProtocol(o.data_transfer_protocol, "Distribute"));
+  if (o.cuda_pinned == "on" && !protocol->pin_client_buffers_for_cuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Distribute: cuda_pinned=on needs a data plane with receive arenas (ucx); ",
+        o.data_transfer_protocol, " has none"));
+  }
   SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(o.auth_token, "Distribute"));
   return absl::OkStatus();
 }
@@ -681,6 +701,7 @@ proto::DatasetNode MakeNode(const DistributeOptions& o) {
   d->set_auth_token(o.auth_token);
   d->set_max_element_bytes(o.max_element_bytes);
   d->set_stall_warning_ms(o.stall_warning_ms);
+  d->set_cuda_pinned(o.cuda_pinned);
   d->set_target_workers(o.target_workers);
   return n;
 }

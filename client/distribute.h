@@ -113,6 +113,14 @@ struct DistributeOptions {
   // registered, or all lost), the client logs one warning naming the
   // dispatcher. 0: never.
   int64_t stall_warning_ms = 30000;
+  // Page-lock this process's receive arenas for CUDA (cudaHostRegister,
+  // once per arena; docs/dataplane.md), so that copies of received
+  // elements to a GPU run at the link rate: "auto" when the CUDA runtime
+  // loads and sees a GPU, "on" (creating an iterator fails with
+  // FailedPrecondition otherwise), "off". Process-wide once on. Applies to
+  // data planes with receive arenas (ucx); "on" with grpc is
+  // InvalidArgument.
+  std::string cuda_pinned = "auto";
 };
 
 // Registers `dataset` with the service and returns its id (identical

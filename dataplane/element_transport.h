@@ -163,6 +163,15 @@ void SetClientDataPlanePlacement(DataPlanePlacement placement);
 // TransportStats). Takes effect for later allocations.
 absl::Status SetUcxReceivePoolBytes(size_t bytes);
 
+// Page-locks the client's UCX receive pool for CUDA: each arena is
+// registered with cudaHostRegister once (those there now and those to
+// come), so that copying a received element to a GPU runs at the link rate
+// instead of through the driver's staging buffers. The CUDA runtime is
+// loaded at run time (libcudart; $SLUICE_CUDART names it); without one, or
+// with no GPU, FailedPrecondition saying which. Idempotent; process-wide.
+// DistributeOptions::cuda_pinned calls it.
+absl::Status PinUcxReceivePoolForCuda();
+
 // Counters of the client data plane, process-wide.
 struct TransportStats {
   int64_t ucx_elements_received = 0;
@@ -190,6 +199,10 @@ struct TransportStats {
   // cap (new requests then wait for the user to release elements).
   int64_t receive_pool_registered_bytes = 0;
   bool receive_pool_over_cap = false;
+  // Of those, bytes page-locked for CUDA (PinUcxReceivePoolForCuda), and
+  // arenas cudaHostRegister refused (used unpinned).
+  int64_t receive_pool_cuda_pinned_bytes = 0;
+  int64_t cuda_pin_failures = 0;
   // Arenas (client and worker pools) whose pages were verified to be on the
   // chosen NUMA node, and those found elsewhere.
   int64_t pool_arenas_verified_on_node = 0;

@@ -29,21 +29,25 @@ Registry& TheRegistry() {
   static Registry* r = [] {
     auto* r = new Registry();
     absl::MutexLock l(&r->mu);
-    AddLocked(*r, {kGrpcProtocol,
-                   [](const std::string& address, const ElementTransportOptions& o) {
-                     return MakeGrpcElementTransport(address, o.security, o.max_element_bytes);
-                   },
-                   &StartGrpcElementServer});
-    AddLocked(*r, {"ucx",
-                   [](const std::string& address, const ElementTransportOptions& o) {
-                     return MakeUcxElementTransport(address, o.security.auth_token,
-                                                    o.max_element_bytes, o.copy_small_replies);
-                   },
-                   [](ElementServerOptions options)
-                       -> absl::StatusOr<std::unique_ptr<ElementServer>> {
-                     return UcxElementServer::Start(std::move(options));
-                   },
-                   /*places_client_buffers=*/true});
+    TransportProtocol grpc;
+    grpc.name = kGrpcProtocol;
+    grpc.connect = [](const std::string& address, const ElementTransportOptions& o) {
+      return MakeGrpcElementTransport(address, o.security, o.max_element_bytes);
+    };
+    grpc.serve = &StartGrpcElementServer;
+    AddLocked(*r, std::move(grpc));
+    TransportProtocol ucx;
+    ucx.name = "ucx";
+    ucx.connect = [](const std::string& address, const ElementTransportOptions& o) {
+      return MakeUcxElementTransport(address, o.security.auth_token, o.max_element_bytes,
+                                     o.copy_small_replies);
+    };
+    ucx.serve = [](ElementServerOptions options) -> absl::StatusOr<std::unique_ptr<ElementServer>> {
+      return UcxElementServer::Start(std::move(options));
+    };
+    ucx.places_client_buffers = true;
+    ucx.pin_client_buffers_for_cuda = &PinUcxReceivePoolForCuda;
+    AddLocked(*r, std::move(ucx));
     return r;
   }();
   return *r;

@@ -45,6 +45,9 @@ struct TransportProtocol {
   // The client side registers receive memory and runs a progress thread,
   // which SetClientDataPlanePlacement places (element_transport.h).
   bool places_client_buffers = false;
+  // Page-locks those receive buffers for CUDA (null: the protocol has
+  // none; DistributeOptions::cuda_pinned).
+  std::function<absl::Status()> pin_client_buffers_for_cuda;
 };
 
 // Adds a protocol; AlreadyExists if its name is taken, InvalidArgument if

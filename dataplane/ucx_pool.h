@@ -44,10 +44,24 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
       : ctx_(std::move(ctx)), max_bytes_(max_bytes), stats_(stats),
         placement_(std::move(placement)) {}
 
+  ~SlotPool() {
+    absl::MutexLock l(&mu_);
+    for (auto& a : arenas_) {
+      if (a->pinned) pinner_.unpin(a->mem->data());
+    }
+  }
+
   struct Arena {
     std::shared_ptr<ucx::Memory> mem;
     size_t used = 0;   // bump offset
     int64_t live = 0;  // buffers carved and not yet released
+    bool pinned = false;
+  };
+  // Page-locks memory for a device (cudaHostRegister); pin returns false
+  // when it could not (the arena is then used as it is).
+  struct Pinner {
+    std::function<bool(void* data, size_t bytes)> pin;
+    std::function<void(void* data)> unpin;
   };
   struct Buffer {
     uint8_t* data = nullptr;
@@ -90,6 +104,20 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
     while (used > hw && !stats_->high_water.compare_exchange_weak(hw, used)) {
     }
     return std::shared_ptr<Buffer>(buf, [pool = shared_from_this()](Buffer* b) { pool->Release(b); });
+  }
+
+  // Pins every arena, those there now and those to come, once each.
+  // Dedicated buffers (past the cap, or larger than kMaxArenaBytes) are not
+  // pinned: that would cost a registration per element.
+  void PinArenas(Pinner pinner) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    if (pinner_.pin) return;  // already pinning
+    pinner_ = std::move(pinner);
+    for (auto& a : arenas_) PinLocked(*a);
+  }
+  size_t pinned_bytes() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return pinned_;
   }
 
   // Runs (on the releasing thread, no lock held) whenever a buffer comes
@@ -138,6 +166,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
     arenas_.push_back(std::make_unique<Arena>());
     Arena* a = arenas_.back().get();
     a->mem = *std::move(m);
+    if (pinner_.pin) PinLocked(*a);
     registered_ += want;
     current_ = a;
     return a;
@@ -157,6 +186,12 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
       }
     }
     return ucx::Memory::Register(ctx_, *std::move(mem), bytes);
+  }
+
+  void PinLocked(Arena& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (a.pinned) return;
+    a.pinned = pinner_.pin(a.mem->data(), a.mem->size());
+    if (a.pinned) pinned_ += a.mem->size();
   }
 
   void Release(Buffer* b) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -183,6 +218,8 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   std::vector<Arena*> free_ ABSL_GUARDED_BY(mu_);  // no live buffers
   Arena* current_ ABSL_GUARDED_BY(mu_) = nullptr;  // being carved
   size_t registered_ ABSL_GUARDED_BY(mu_) = 0;
+  Pinner pinner_ ABSL_GUARDED_BY(mu_);
+  size_t pinned_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Frames workers encoded into registered memory (for tests and metrics).

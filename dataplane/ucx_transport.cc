@@ -27,6 +27,7 @@
 #include "sluice/control/security.h"
 #include "sluice/core/frame.h"
 #include "sluice/core/status.h"
+#include "sluice/dataplane/cuda_runtime.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"
@@ -52,6 +53,26 @@ size_t MaxPoolBytes() {
 absl::Mutex g_placement_mu;
 DataPlanePlacement* g_placement ABSL_GUARDED_BY(g_placement_mu) = nullptr;
 bool g_client_created ABSL_GUARDED_BY(g_placement_mu) = false;
+// PinUcxReceivePoolForCuda: the runtime to pin the receive pool's arenas
+// with (the client applies it when it is created).
+const CudaRuntime* g_cuda_pin ABSL_GUARDED_BY(g_placement_mu) = nullptr;
+std::atomic<int64_t> g_cuda_pin_failures{0};
+
+SlotPool::Pinner CudaPinner(const CudaRuntime* rt) {
+  SlotPool::Pinner p;
+  p.pin = [rt](void* data, size_t bytes) {
+    const int err = rt->host_register(data, bytes, kCudaHostRegisterPortable);
+    if (err == 0) return true;
+    if (g_cuda_pin_failures++ == 0) {
+      spdlog::warn("sluice client: cudaHostRegister of a {}-byte receive arena failed: {} "
+                   "(cudaError {}); it is used unpinned",
+                   bytes, rt->get_error_string(err), err);
+    }
+    return false;
+  };
+  p.unpin = [rt](void* data) { rt->host_unregister(data); };
+  return p;
+}
 
 struct UcxCounters {
   std::atomic<int64_t> elements{0}, bytes{0}, copied{0}, connects{0};
@@ -209,6 +230,11 @@ class UcxClient {
       if (g_placement != nullptr) placement = *g_placement;
       g_client_created = true;
     }
+    const CudaRuntime* pin = nullptr;
+    {
+      absl::MutexLock pl(&g_placement_mu);
+      pin = g_cuda_pin;
+    }
     if (!placement.description.empty()) {
       spdlog::info("sluice client data plane: {}", placement.description);
     }
@@ -234,6 +260,7 @@ class UcxClient {
       if (c->deferred_count_.load() > 0) c->worker_->Post([c] { c->SendDeferred(); });
     });
     c->worker_->AddTick([c] { c->Tick(); });
+    if (pin != nullptr) c->pool_->PinArenas(CudaPinner(pin));
     client = c;
     g_client.store(c);
     return client;
@@ -681,6 +708,21 @@ void SetClientDataPlanePlacement(DataPlanePlacement placement) {
   }
 }
 
+absl::Status PinUcxReceivePoolForCuda() {
+  SLUICE_ASSIGN_OR_RETURN(const internal::CudaRuntime* rt, internal::UsableCudaRuntime());
+  {
+    absl::MutexLock l(&internal::g_placement_mu);
+    if (internal::g_cuda_pin != nullptr) return absl::OkStatus();
+    internal::g_cuda_pin = rt;
+  }
+  spdlog::info("sluice client: receive arenas page-locked for CUDA ({})", rt->library);
+  // A client made before applies it now (one made after, at its creation).
+  if (internal::UcxClient* client = internal::g_client.load()) {
+    client->pool()->PinArenas(internal::CudaPinner(rt));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SetUcxReceivePoolBytes(size_t bytes) {
   if (bytes < (size_t{1} << 20)) {
     return absl::InvalidArgumentError("the UCX receive pool needs at least 1 MiB");
@@ -708,7 +750,9 @@ TransportStats GetTransportStats() {
   if (internal::UcxClient* client = internal::g_client.load()) {
     s.receive_pool_registered_bytes = static_cast<int64_t>(client->pool()->registered_bytes());
     s.receive_pool_over_cap = client->pool()->OverCap();
+    s.receive_pool_cuda_pinned_bytes = static_cast<int64_t>(client->pool()->pinned_bytes());
   }
+  s.cuda_pin_failures = internal::g_cuda_pin_failures.load();
   return s;
 }
 

@@ -368,8 +368,10 @@ TEST(TransportRegistryTest, UnknownNamesAreRefusedNamingTheKnownOnes) {
 }
 
 TEST(TransportRegistryTest, AProtocolRegistersOnceAndNeedsItsFactories) {
-  EXPECT_STATUS(internal::RegisterTransportProtocol({"grpc", {}, {}}),
-                absl::StatusCode::kInvalidArgument, "needs a name");
+  TransportProtocol empty;
+  empty.name = "grpc";
+  EXPECT_STATUS(internal::RegisterTransportProtocol(empty), absl::StatusCode::kInvalidArgument,
+                "needs a name");
   const TransportProtocol* grpc = *internal::FindTransportProtocol("grpc", "test");
   EXPECT_STATUS(internal::RegisterTransportProtocol(*grpc), absl::StatusCode::kAlreadyExists,
                 "'grpc' is already registered");

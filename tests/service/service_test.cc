@@ -22,6 +22,7 @@
 #include "sluice/client/distribute.h"
 #include "sluice/core/status.h"
 #include "sluice/control/dispatch_server.h"
+#include "sluice/dataplane/cuda_runtime.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/transport_registry.h"
 #include "sluice/dataset/dataset.h"
@@ -673,6 +674,24 @@ TEST_P(ServiceTest, BadOptionsAreInvalidArgument) {
   o.data_transfer_protocol = "carrier-pigeon";
   EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
                 "unknown data_transfer_protocol");
+  o = Options();
+  o.cuda_pinned = "sometimes";
+  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+                "cuda_pinned must be auto, on or off");
+  o = Options();
+  o.cuda_pinned = "on";
+  if (GetParam() == "grpc") {
+    EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+                  "cuda_pinned=on needs a data plane with receive arenas");
+  } else if (!internal::UsableCudaRuntime().ok()) {
+    // No GPU here: "on" cannot be honoured; "auto" goes on unpinned.
+    EXPECT_STATUS(Dataset::Range(3).Distribute(o).MakeIterator(),
+                  absl::StatusCode::kFailedPrecondition, "Distribute: cuda_pinned=on: ");
+    o.cuda_pinned = "auto";
+    ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(Dataset::Range(3).Distribute(o)));
+    EXPECT_THAT(v, UnorderedElementsAreArray({0, 1, 2}));
+    EXPECT_EQ(GetTransportStats().receive_pool_cuda_pinned_bytes, 0);
+  }
   EXPECT_STATUS(Dataset::Range(3).Distribute(Options()).Distribute(Options()).status(),
                 absl::StatusCode::kInvalidArgument, "already contains a Distribute");
   WorkerConfig wc;
