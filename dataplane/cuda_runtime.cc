@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "sluice/core/status.h"
+#include "sluice/core/tensor.h"
 
 namespace sluice::internal {
 namespace {
@@ -39,9 +41,16 @@ absl::StatusOr<const CudaRuntime*> Load() {
     rt->host_unregister = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaHostUnregister"));
     rt->get_error_string =
         reinterpret_cast<const char* (*)(int)>(dlsym(h, "cudaGetErrorString"));
+    rt->memcpy_async = reinterpret_cast<int (*)(void*, const void*, size_t, int, void*)>(
+        dlsym(h, "cudaMemcpyAsync"));
+    rt->launch_host_func = reinterpret_cast<int (*)(void*, void (*)(void*), void*)>(
+        dlsym(h, "cudaLaunchHostFunc"));
+    rt->stream_synchronize = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaStreamSynchronize"));
     rt->library = name;
     if (rt->get_device_count == nullptr || rt->host_register == nullptr ||
-        rt->host_unregister == nullptr || rt->get_error_string == nullptr) {
+        rt->host_unregister == nullptr || rt->get_error_string == nullptr ||
+        rt->memcpy_async == nullptr || rt->launch_host_func == nullptr ||
+        rt->stream_synchronize == nullptr) {
       errors.push_back(absl::StrCat(name, ": not a CUDA runtime (a cuda* symbol is missing)"));
       delete rt;
       dlclose(h);
@@ -93,3 +102,38 @@ absl::StatusOr<const CudaRuntime*> UsableCudaRuntime() {
 }
 
 }  // namespace sluice::internal
+
+namespace sluice {
+
+absl::Status CopyToDeviceAsync(const Tensor& tensor, void* device_dst, void* stream) {
+  if (tensor.dtype() == DType::kString) {
+    return absl::InvalidArgumentError("CopyToDeviceAsync: a string tensor has no device layout");
+  }
+  SLUICE_ASSIGN_OR_RETURN(const internal::CudaRuntime* rt, internal::UsableCudaRuntime());
+  const size_t bytes = tensor.byte_size();
+  if (bytes == 0) return absl::OkStatus();
+  int err = rt->memcpy_async(device_dst, tensor.data(), bytes, internal::kCudaMemcpyHostToDevice,
+                             stream);
+  if (err != 0) {
+    return absl::InternalError(absl::StrCat("cudaMemcpyAsync of ", bytes, " bytes: ",
+                                            rt->get_error_string(err), " (cudaError ", err, ")"));
+  }
+  // The tensor (and so its arena slot) lives until the stream reaches this
+  // point, after the copy: then a CUDA thread drops it. No CUDA call there.
+  auto* keep = new Tensor(tensor);
+  err = rt->launch_host_func(
+      stream, [](void* arg) { delete static_cast<Tensor*>(arg); }, keep);
+  if (err != 0) {
+    // Could not enqueue the release: wait for the copy instead.
+    const int sync = rt->stream_synchronize(stream);
+    delete keep;
+    if (sync != 0) {
+      return absl::InternalError(absl::StrCat("cudaStreamSynchronize: ",
+                                              rt->get_error_string(sync), " (cudaError ", sync,
+                                              ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sluice

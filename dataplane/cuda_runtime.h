@@ -18,9 +18,15 @@ struct CudaRuntime {
   int (*host_register)(void* ptr, size_t bytes, unsigned int flags) = nullptr;
   int (*host_unregister)(void* ptr) = nullptr;
   const char* (*get_error_string)(int error) = nullptr;
+  // cudaMemcpyAsync(dst, src, bytes, kind, stream), cudaLaunchHostFunc,
+  // cudaStreamSynchronize (streams are opaque cudaStream_t).
+  int (*memcpy_async)(void* dst, const void* src, size_t bytes, int kind, void* stream) = nullptr;
+  int (*launch_host_func)(void* stream, void (*fn)(void*), void* arg) = nullptr;
+  int (*stream_synchronize)(void* stream) = nullptr;
   std::string library;  // where it was loaded from
 };
 inline constexpr unsigned int kCudaHostRegisterPortable = 1;  // cudaHostRegisterPortable
+inline constexpr int kCudaMemcpyHostToDevice = 1;             // cudaMemcpyHostToDevice
 
 // The process's runtime, loaded once: $SLUICE_CUDART if set, else
 // libcudart.so (and its versioned names) from the loader's path, else

@@ -172,6 +172,17 @@ absl::Status SetUcxReceivePoolBytes(size_t bytes);
 // DistributeOptions::cuda_pinned calls it.
 absl::Status PinUcxReceivePoolForCuda();
 
+// Copies `tensor` (numeric; its bytes as they are) to `device_dst`, device
+// memory of at least tensor.byte_size() bytes, on the CUDA stream `stream`
+// (a cudaStream_t; null: the legacy default stream), asynchronously. The
+// tensor's memory -- for a received element, its slot in a receive arena --
+// stays alive, and so is not reused, until the copy has completed: a host
+// function enqueued on the stream after the copy releases it. From a pinned
+// arena (PinUcxReceivePoolForCuda) the copy is a direct DMA.
+// FailedPrecondition without a usable CUDA runtime; InvalidArgument for a
+// string tensor; Internal with CUDA's message when the copy is refused.
+absl::Status CopyToDeviceAsync(const Tensor& tensor, void* device_dst, void* stream = nullptr);
+
 // Counters of the client data plane, process-wide.
 struct TransportStats {
   int64_t ucx_elements_received = 0;

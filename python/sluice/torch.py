@@ -9,7 +9,16 @@
 Tensors travel through DLPack: each torch.Tensor views the sluice tensor's
 memory (for example its slot of the UCX receive pool), which stays alive
 until the torch.Tensor and every view of it are gone.
+
+With IterableDataset(ds, device="cuda:0") elements arrive on the GPU: each
+component is copied with .to(device, non_blocking=True) on the current
+stream -- a direct DMA from the receive arena, which sluice page-locks for
+CUDA (distribute(..., cuda_pinned="auto")) -- and the host tensor, and so
+its arena slot, is kept until the copy's event completed, so the slot is
+not reused under the copy.
 """
+
+import collections as _collections
 
 import torch as _torch
 import torch.utils.data as _data
@@ -17,7 +26,7 @@ from torch.utils import dlpack as _dlpack
 
 from . import _sluice
 
-__all__ = ["IterableDataset", "to_torch"]
+__all__ = ["IterableDataset", "to_torch", "DeviceCopier"]
 
 
 def _component_to_torch(t):
@@ -41,6 +50,46 @@ def to_torch(element):
     return _component_to_torch(element)
 
 
+class DeviceCopier:
+    """Copies host tensors to `device` asynchronously (non_blocking) and keeps
+    each host tensor alive until an event recorded after its copy completed:
+    memory sluice received into (an arena slot) is reused only after the GPU
+    has read it. torch does not do this for memory it did not allocate.
+
+    `make_event` (tests) builds the event; default torch.cuda.Event().
+    """
+
+    def __init__(self, device, make_event=None):
+        self.device = _torch.device(device)
+        self._make_event = make_event or _torch.cuda.Event
+        self._pending = _collections.deque()  # (event, host tensor), in order
+
+    def __call__(self, host):
+        if not isinstance(host, _torch.Tensor):
+            return host  # strings stay on the host
+        out = host.to(self.device, non_blocking=True)
+        event = self._make_event()
+        event.record()
+        self._pending.append((event, host))
+        self._reap()
+        return out
+
+    def _reap(self):
+        while self._pending and self._pending[0][0].query():
+            self._pending.popleft()
+
+    def pending(self):
+        """Host tensors still held for copies in flight."""
+        self._reap()
+        return len(self._pending)
+
+    def synchronize(self):
+        """Waits for every copy and releases every host tensor."""
+        while self._pending:
+            event, _ = self._pending.popleft()
+            event.synchronize()
+
+
 class IterableDataset(_data.IterableDataset):
     """A torch IterableDataset over a sluice.Dataset.
 
@@ -52,21 +101,33 @@ class IterableDataset(_data.IterableDataset):
     dataset, so they are refused.
     """
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, device=None, _make_event=None):
         super().__init__()
         if not isinstance(dataset, _sluice.Dataset):
             raise TypeError("sluice.torch.IterableDataset needs a sluice.Dataset; got "
                             + type(dataset).__name__)
         self.dataset = dataset
+        # None: elements stay on the host. Else they arrive on `device`
+        # (DeviceCopier), e.g. "cuda:0".
+        self.device = None if device is None else _torch.device(device)
+        self._make_event = _make_event
 
     def __iter__(self):
         if _data.get_worker_info() is not None:
             raise RuntimeError(
                 "sluice.torch.IterableDataset runs in the main process: use "
                 "DataLoader(..., num_workers=0); sluice parallelizes the pipeline itself")
+        copier = None
+        if self.device is not None:
+            copier = DeviceCopier(self.device, self._make_event)
         it = self.dataset.make_iterator(output="tensor")
         try:
             for element in it:
-                yield to_torch(element)
+                out = to_torch(element)
+                if copier is not None:
+                    out = tuple(map(copier, out)) if isinstance(out, tuple) else copier(out)
+                yield out
         finally:
+            if copier is not None:
+                copier.synchronize()
             it.close()

@@ -83,3 +83,41 @@ def test_strings_stay_bytes():
     (t,) = list(sluice.Dataset.from_tensors([(b"abc", np.int32(1))]).make_iterator("tensor"))
     s, i = sluice.torch.to_torch(t)
     assert s == b"abc" and int(i) == 1
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: complete once the test says so."""
+
+    done = False
+    recorded = 0
+
+    def record(self):
+        _FakeEvent.recorded += 1
+
+    def query(self):
+        return _FakeEvent.done
+
+    def synchronize(self):
+        _FakeEvent.done = True
+
+
+def test_device_copier_holds_each_host_tensor_until_its_copy_completed():
+    _FakeEvent.done, _FakeEvent.recorded = False, 0
+    copier = sluice.torch.DeviceCopier("cpu", make_event=_FakeEvent)
+    hosts = [torch.arange(4) + i for i in range(3)]
+    outs = [copier(h) for h in hosts]
+    assert [o.tolist() for o in outs] == [h.tolist() for h in hosts]
+    assert copier.pending() == 3 and _FakeEvent.recorded == 3  # copies in flight: held
+    assert copier(b"label") == b"label" and copier.pending() == 3  # strings stay, no event
+    _FakeEvent.done = True
+    assert copier.pending() == 0  # their events completed: released
+
+
+def test_iterable_dataset_with_a_device_copies_every_component_and_drains_at_the_end():
+    _FakeEvent.done, _FakeEvent.recorded = False, 0
+    ds = sluice.Dataset.range(6).map((x, x * 2)).batch(3)
+    got = list(sluice.torch.IterableDataset(ds, device="cpu", _make_event=_FakeEvent))
+    assert [(a.tolist(), b.tolist()) for a, b in got] == [([0, 1, 2], [0, 2, 4]),
+                                                          ([3, 4, 5], [6, 8, 10])]
+    assert _FakeEvent.recorded == 4  # one per copied component
+    assert _FakeEvent.done  # the iterator's end waited for the copies

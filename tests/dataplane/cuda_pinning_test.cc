@@ -1,6 +1,7 @@
 // Page-locking the client's UCX receive arenas for CUDA, against an
 // injected CUDA runtime table (no GPU, no libcudart needed). Each test runs
 // in its own process (ctest), as pinning is process-wide once on.
+#include <cstring>
 #include <map>
 
 #include "absl/synchronization/mutex.h"
@@ -26,6 +27,12 @@ struct Fake {
   std::map<void*, size_t> registered;  // live registrations
   int registrations = 0;
   unsigned flags = 0;
+  // Copies run at once (host memory stands for the device); host functions
+  // wait here until the test "completes" the stream.
+  std::vector<std::pair<void (*)(void*), void*>> host_funcs;
+  std::vector<void*> copy_streams;
+  int launch_error = 0;
+  int syncs = 0;
 };
 Fake& F() {
   static Fake* f = new Fake();
@@ -54,6 +61,24 @@ CudaRuntime FakeRuntime() {
     return 0;
   };
   rt.get_error_string = [](int e) { return e == 100 ? "no CUDA-capable device is detected" : "x"; };
+  rt.memcpy_async = [](void* dst, const void* src, size_t bytes, int kind, void* stream) {
+    absl::MutexLock l(&F().mu);
+    if (kind != internal::kCudaMemcpyHostToDevice) return 21;  // cudaErrorInvalidMemcpyDirection
+    std::memcpy(dst, src, bytes);
+    F().copy_streams.push_back(stream);
+    return 0;
+  };
+  rt.launch_host_func = [](void*, void (*fn)(void*), void* arg) {
+    absl::MutexLock l(&F().mu);
+    if (F().launch_error != 0) return F().launch_error;
+    F().host_funcs.push_back({fn, arg});
+    return 0;
+  };
+  rt.stream_synchronize = [](void*) {
+    absl::MutexLock l(&F().mu);
+    F().syncs++;
+    return 0;
+  };
   return rt;
 }
 
@@ -175,6 +200,61 @@ TEST(CudaPinningTest, AnArenaTheRuntimeRefusesIsUsedUnpinnedAndCounted) {
   const TransportStats s = GetTransportStats();
   EXPECT_GE(s.cuda_pin_failures, 1);
   EXPECT_EQ(s.receive_pool_cuda_pinned_bytes, 0);
+}
+
+// The stream reaches the host functions enqueued so far.
+void CompleteStream() {
+  std::vector<std::pair<void (*)(void*), void*>> fns;
+  {
+    absl::MutexLock l(&F().mu);
+    fns.swap(F().host_funcs);
+  }
+  for (auto& [fn, arg] : fns) fn(arg);
+}
+
+TEST(CudaCopyTest, AnElementsSlotStaysAliveUntilItsCopyCompleted) {
+  static const CudaRuntime rt = FakeRuntime();
+  internal::SetCudaRuntimeForTesting(&rt);
+  ASSERT_OK(PinUcxReceivePoolForCuda());
+  Loop loop;
+  loop.elements.push_back({Pattern(size_t{1} << 20, 5)});
+  ASSERT_OK(loop.Start());
+  const int64_t idle = GetTransportStats().pool_buffers_in_use;
+  std::vector<uint8_t> device(size_t{1} << 20);
+  void* const stream = reinterpret_cast<void*>(0x5eed);
+  {
+    ASSERT_OK_AND_ASSIGN(Element e, loop.Get(0));
+    EXPECT_EQ(GetTransportStats().pool_buffers_in_use, idle + 1);
+    ASSERT_OK(CopyToDeviceAsync(e[0], device.data(), stream));
+  }  // the caller dropped the element; the copy still holds its slot
+  EXPECT_EQ(GetTransportStats().pool_buffers_in_use, idle + 1) << "slot released before the copy";
+  EXPECT_EQ(std::memcmp(device.data(), loop.elements[0][0].data(), device.size()), 0);
+  {
+    absl::MutexLock l(&F().mu);
+    ASSERT_EQ(F().copy_streams.size(), 1u);
+    EXPECT_EQ(F().copy_streams[0], stream);
+  }
+  CompleteStream();
+  EXPECT_EQ(GetTransportStats().pool_buffers_in_use, idle);
+}
+
+TEST(CudaCopyTest, WithoutAHostFunctionItWaitsForTheStreamAndStringsAreRefused) {
+  static const CudaRuntime rt = FakeRuntime();
+  internal::SetCudaRuntimeForTesting(&rt);
+  {
+    absl::MutexLock l(&F().mu);
+    F().launch_error = 1;
+  }
+  Tensor t = Pattern(4096, 1);
+  std::vector<uint8_t> device(4096);
+  ASSERT_OK(CopyToDeviceAsync(t, device.data()));
+  EXPECT_EQ(F().syncs, 1);
+  EXPECT_TRUE(F().host_funcs.empty());
+  EXPECT_STATUS(CopyToDeviceAsync(Tensor::Strings({"a"}), device.data()),
+                absl::StatusCode::kInvalidArgument, "string tensor");
+  internal::SetCudaRuntimeForTesting(nullptr);
+  EXPECT_STATUS(CopyToDeviceAsync(t, device.data()), absl::StatusCode::kFailedPrecondition,
+                "no CUDA runtime");
 }
 
 }  // namespace
