@@ -71,9 +71,31 @@ namespace {
 //    path aborts the process in UCX 1.13 ("failed to modify ... event
 //    handler", ucp_worker.c:634). Keeping interfaces active costs nothing
 //    measurable here (sluice-perf transport, docs/dataplane.md).
+//  - POSIX_ERROR_HANDLING=y, SYSV_ERROR_HANDLING=y, CMA_MEMORY_INVALIDATE=y:
+//    same-host peers over shared memory. sluice's endpoints ask for peer
+//    error handling (a dead worker must fail requests, not hang them), and
+//    UCX 1.13 then keeps only transports that declare it: the mm transports
+//    declare it only with *_ERROR_HANDLING=y (they detect a dead peer
+//    through its shared-memory file, UCX's keepalive runs on them), and
+//    cma's rendezvous lane needs memory invalidation. Without these, a
+//    worker and a client on one host talk over tcp loopback. SLUICE_UCX_SHM=0
+//    leaves them unset.
+// They are set in the environment (unless already set: a UCX_* variable the
+// user set wins) before UCX reads it: ucp_config_modify does not reach the
+// transports' own settings.
 constexpr std::pair<const char*, const char*> kUcxDefaults[] = {
     {"ADAPTIVE_PROGRESS", "n"},
 };
+constexpr std::pair<const char*, const char*> kUcxSharedMemoryDefaults[] = {
+    {"POSIX_ERROR_HANDLING", "y"},
+    {"SYSV_ERROR_HANDLING", "y"},
+    {"CMA_MEMORY_INVALIDATE", "y"},
+};
+
+bool SharedMemoryEnabled() {
+  const char* v = std::getenv("SLUICE_UCX_SHM");
+  return v == nullptr || std::string(v) != "0";
+}
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
@@ -81,19 +103,19 @@ absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
   static std::weak_ptr<Context>* current = new std::weak_ptr<Context>();
   absl::MutexLock l(&mu);
   if (auto c = current->lock()) return c;
+  // sluice's UCX defaults (above; docs/dataplane.md, "UCX 1.13"); a UCX_*
+  // variable the user set wins.
+  for (const auto& [name, value] : kUcxDefaults) {
+    setenv(absl::StrCat("UCX_", name).c_str(), value, /*overwrite=*/0);
+  }
+  if (SharedMemoryEnabled()) {
+    for (const auto& [name, value] : kUcxSharedMemoryDefaults) {
+      setenv(absl::StrCat("UCX_", name).c_str(), value, /*overwrite=*/0);
+    }
+  }
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return UcsError(s, "ucp_config_read");
-  // sluice's UCX defaults (docs/dataplane.md, "UCX 1.13"); a UCX_* variable
-  // the user set wins.
-  for (const auto& [name, value] : kUcxDefaults) {
-    if (std::getenv(absl::StrCat("UCX_", name).c_str()) != nullptr) continue;
-    s = ucp_config_modify(config, name, value);
-    if (s != UCS_OK) {
-      ucp_config_release(config);
-      return UcsError(s, absl::StrCat("ucp_config_modify ", name, "=", value));
-    }
-  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
