@@ -214,6 +214,11 @@ struct TransportStats {
   // arenas cudaHostRegister refused (used unpinned).
   int64_t receive_pool_cuda_pinned_bytes = 0;
   int64_t cuda_pin_failures = 0;
+  // The transports the client's latest UCX endpoint uses and what for,
+  // from UCX's own description, e.g. "posix/memory(am am_bw keepalive)
+  // cma/memory(rma_bw)": rma_bw carries rendezvous data (element
+  // frames), am the messages. Empty before the first UCX reply.
+  std::string ucx_lanes;
   // Arenas (client and worker pools) whose pages were verified to be on the
   // chosen NUMA node, and those found elsewhere.
   int64_t pool_arenas_verified_on_node = 0;

@@ -7,9 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "sluice/core/status.h"
 
@@ -98,6 +102,15 @@ bool SharedMemoryEnabled() {
 }
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, value] : kUcxDefaults) out.emplace_back(name, value);
+  if (SharedMemoryEnabled()) {
+    for (const auto& [name, value] : kUcxSharedMemoryDefaults) out.emplace_back(name, value);
+  }
+  return out;
+}
+
 absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
   static absl::Mutex mu;
   static std::weak_ptr<Context>* current = new std::weak_ptr<Context>();
@@ -105,13 +118,8 @@ absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
   if (auto c = current->lock()) return c;
   // sluice's UCX defaults (above; docs/dataplane.md, "UCX 1.13"); a UCX_*
   // variable the user set wins.
-  for (const auto& [name, value] : kUcxDefaults) {
-    setenv(absl::StrCat("UCX_", name).c_str(), value, /*overwrite=*/0);
-  }
-  if (SharedMemoryEnabled()) {
-    for (const auto& [name, value] : kUcxSharedMemoryDefaults) {
-      setenv(absl::StrCat("UCX_", name).c_str(), value, /*overwrite=*/0);
-    }
+  for (const auto& [name, value] : SluiceUcxDefaults()) {
+    setenv(absl::StrCat("UCX_", name).c_str(), value.c_str(), /*overwrite=*/0);
   }
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
@@ -314,6 +322,43 @@ absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string&
   ucs_status_t s = ucp_ep_create(worker, &p, &ep);
   if (s != UCS_OK) return UcsError(s, absl::StrCat("ucx connect to ", host_port));
   return ep;
+}
+
+std::string DescribeLanes(ucp_ep_h ep) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (f == nullptr) return "";
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::string text(buf, len);
+  std::free(buf);
+  // Lines "#   lane[0]:  3:posix/memory.0 md[2] -> md[2]/posix/sysdev[255] am am_bw#0
+  // keepalive" and "#   lane[2]: cm tcp" (ucp_ep.c, ucp_ep_config_print).
+  std::vector<std::string> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    const size_t at = line.find("lane[");
+    if (at == absl::string_view::npos) continue;
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line.substr(line.find(':', at) + 1), ' ', absl::SkipEmpty());
+    if (words.empty()) continue;
+    // The connection-manager lane carries no data (and UCX 1.13 may print
+    // another component's name for it).
+    if (words[0] == "cm") continue;
+    absl::string_view tl = words[0].substr(words[0].find(':') + 1);
+    tl = tl.substr(0, tl.rfind('.'));  // the path index
+    std::vector<std::string> roles;
+    bool after = false;
+    for (absl::string_view w : words) {
+      if (absl::StrContains(w, "sysdev[")) {
+        after = true;
+        continue;
+      }
+      if (after) roles.emplace_back(w.substr(0, w.find('#')));
+    }
+    out.push_back(absl::StrCat(tl, "(", absl::StrJoin(roles, " "), ")"));
+  }
+  return absl::StrJoin(out, " ");
 }
 
 void CloseEndpointForce(ucp_ep_h ep) {

@@ -129,6 +129,15 @@ absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string&
                                          ucp_err_handler_cb_t on_error, void* arg);
 // Progress thread only: closes `ep` at once (peer error handling mode).
 void CloseEndpointForce(ucp_ep_h ep);
+// The UCX settings sluice applies unless the user set them (name without
+// the UCX_ prefix, value): docs/dataplane.md "UCX 1.13". Benchmarks give
+// them to ucx_perftest, so that its ceiling uses the same transports.
+std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults();
+
+// Progress thread only: the transports `ep` uses and what for, from UCX's
+// own endpoint description (ucp_ep_print_info), e.g.
+// "posix/memory(am am_bw keepalive) cma/memory(rma_bw)".
+std::string DescribeLanes(ucp_ep_h ep);
 
 // $SLUICE_UCX_BUSY_POLL=1 makes progress threads busy-poll.
 bool BusyPollFromEnv();

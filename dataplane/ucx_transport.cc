@@ -160,6 +160,9 @@ class UcxEndpoint {
   }
 
   bool usable() const { return ep_ != nullptr && error_.ok(); }
+  // The first reply on it: records which transports it uses (wireup is
+  // done by then), once.
+  void NoteLanes();
   ucp_ep_h handle() const { return ep_; }
   const std::string& address() const { return address_; }
 
@@ -181,10 +184,23 @@ class UcxEndpoint {
   ucp_ep_h ep_ = nullptr;
   absl::Status error_;
   std::map<uint64_t, std::shared_ptr<Pending>> requests_;
+  bool lanes_noted_ = false;
 };
 
 void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r) {
   p->Complete(std::move(r));
+}
+
+absl::Mutex g_lanes_mu;
+std::string* g_lanes ABSL_GUARDED_BY(g_lanes_mu) = nullptr;  // TransportStats::ucx_lanes
+
+void UcxEndpoint::NoteLanes() {
+  if (lanes_noted_ || ep_ == nullptr) return;
+  lanes_noted_ = true;
+  std::string lanes = ucx::DescribeLanes(ep_);
+  absl::MutexLock l(&g_lanes_mu);
+  if (g_lanes == nullptr) g_lanes = new std::string();
+  *g_lanes = std::move(lanes);
 }
 
 void UcxEndpoint::OnError(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -474,6 +490,10 @@ class UcxClient {
     if (header_length < sizeof(h)) return drop();
     std::memcpy(&h, header, sizeof(h));
     if (h.magic != ucx::kReplyMagic) return drop();
+    if (auto it = self->pending_.find(h.request_id);
+        it != self->pending_.end() && it->second->endpoint != nullptr) {
+      it->second->endpoint->NoteLanes();
+    }
     std::shared_ptr<Pending> p = self->Unregister(h.request_id);
     if (p == nullptr || p->Done()) return drop();  // stale: cancelled or timed out
     const uint8_t* inline_bytes = static_cast<const uint8_t*>(header) + sizeof(h);
@@ -753,6 +773,10 @@ TransportStats GetTransportStats() {
     s.receive_pool_cuda_pinned_bytes = static_cast<int64_t>(client->pool()->pinned_bytes());
   }
   s.cuda_pin_failures = internal::g_cuda_pin_failures.load();
+  {
+    absl::MutexLock l(&internal::g_lanes_mu);
+    if (internal::g_lanes != nullptr) s.ucx_lanes = *internal::g_lanes;
+  }
   return s;
 }
 

@@ -127,6 +127,7 @@ absl::StatusOr<Record> RunClient(const ClientOptions& o) {
     r["dedicated_buffer_allocations"] =
         absl::StrCat(ts1.dedicated_buffer_allocations - ts0.dedicated_buffer_allocations);
     r["pool_high_water_mark"] = absl::StrCat(ts1.pool_high_water_mark);
+    r["ucx_lanes"] = ts1.ucx_lanes;
   }
   if (o.latency_elements > 0) {
     SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Iterator> it, Open(o, 1));

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "perf/suite.h"
 #include "sluice/client/distribute.h"
 #include "sluice/core/status.h"
+#include "sluice/dataplane/ucx_runtime.h"
 
 namespace sluice::perf {
 namespace {
@@ -42,30 +44,45 @@ struct PerftestResult {
 };
 
 // One ucx_perftest run (server and client processes on 127.0.0.1, a free
-// port) with UCX_TLS=`tls`. Parses the client's "Final:" line. Both sides
-// run with -e (endpoints with peer error handling), as sluice's endpoints
-// are: UCX then selects the same transports for both. (On UCX 1.13 that
-// excludes shared memory, which lacks peer failure detection, so the shm
-// configuration runs over tcp in both; see perf/RESULTS.md.)
+// port) with UCX_TLS=`tls` and sluice's own UCX settings (SluiceUcxDefaults:
+// with them UCX 1.13 keeps shared memory under peer error handling). Parses
+// the client's "Final:" line. With `peer_errors` both sides run with -e
+// (endpoints with peer error handling), as sluice's endpoints are: UCX then
+// selects the same transports for both. Without it, UCX may pick transports
+// sluice cannot use safely: the raw ceiling.
 absl::StatusOr<PerftestResult> RunPerftest(const std::string& binary, const std::string& test,
                                            int64_t size, int64_t iters, const std::string& tls,
-                                           const ScratchDir& scratch, const std::string& name) {
-  const std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", tls}};
+                                           bool peer_errors, const ScratchDir& scratch,
+                                           const std::string& name) {
+  std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", tls}};
+  for (const auto& [k, v] : internal::ucx::SluiceUcxDefaults()) {
+    if (std::getenv(absl::StrCat("UCX_", k).c_str()) == nullptr) {
+      env.emplace_back(absl::StrCat("UCX_", k), v);
+    }
+  }
+  const std::vector<std::string> e = peer_errors ? std::vector<std::string>{"-e"}
+                                                 : std::vector<std::string>{};
   const int64_t warmup = std::clamp<int64_t>(iters / 10, 2, 2000);
   absl::Status last = absl::UnknownError("not run");
   for (int attempt = 0; attempt < 3; ++attempt) {
     SLUICE_ASSIGN_OR_RETURN(int port, PickFreeLoopbackPort());
     ChildProcess server(name + "-server", scratch.File(name + "-server.log"));
-    SLUICE_RETURN_IF_ERROR(server.Start(binary, {"-p", absl::StrCat(port), "-e"}, env));
+    std::vector<std::string> server_args = {"-p", absl::StrCat(port)};
+    server_args.insert(server_args.end(), e.begin(), e.end());
+    SLUICE_RETURN_IF_ERROR(server.Start(binary, server_args, env));
     // The client fails at once if the server is not listening yet: retry.
     for (int tries = 0; tries < 20; ++tries) {
       absl::SleepFor(absl::Milliseconds(tries == 0 ? 100 : 150));
       if (server.TryReap()) break;
       ChildProcess client(name, scratch.File(name + ".log"));
-      SLUICE_RETURN_IF_ERROR(client.Start(
-          binary, {"127.0.0.1", "-p", absl::StrCat(port), "-e", "-t", test, "-s",
-                   absl::StrCat(size), "-n", absl::StrCat(iters), "-w", absl::StrCat(warmup)},
-          env));
+      std::vector<std::string> client_args = {"127.0.0.1", "-p", absl::StrCat(port)};
+      client_args.insert(client_args.end(), e.begin(), e.end());
+      for (const std::string& arg : {std::string("-t"), test, std::string("-s"),
+                                     absl::StrCat(size), std::string("-n"), absl::StrCat(iters),
+                                     std::string("-w"), absl::StrCat(warmup)}) {
+        client_args.push_back(arg);
+      }
+      SLUICE_RETURN_IF_ERROR(client.Start(binary, client_args, env));
       absl::StatusOr<int> st = client.Wait(absl::Seconds(120));
       if (!st.ok()) return st.status();
       const std::string log = ReadWholeFile(scratch.File(name + ".log"));
@@ -110,6 +127,8 @@ struct TransportRow {
   // derived
   double gbps = 0, eps = 0, cpu_s = 0, cpu_per_gb = 0;
   std::optional<double> am_gbps, tag_gbps, memcpy_gbps;
+  // ucp_am_bw without -e (no peer error handling): the raw ceiling.
+  std::optional<double> am_raw_gbps;
   std::string perftest_error;
 };
 
@@ -208,6 +227,8 @@ std::string TransportRowJson(const TransportRow& row, const std::vector<Transpor
     }
   }
   j.Add("perftest_am_bw_gb_per_s", row.am_gbps.value_or(std::nan("")))
+      .Add("perftest_am_bw_no_e_gb_per_s", row.am_raw_gbps.value_or(std::nan("")))
+      .Add("ratio_vs_perftest_no_e", Ratio(row.gbps, row.am_raw_gbps))
       .Add("perftest_tag_bw_gb_per_s", row.tag_gbps.value_or(std::nan("")))
       .Add("ratio_vs_perftest", Ratio(row.gbps, ceiling))
       .Add("memcpy_gb_per_s", row.memcpy_gbps.value_or(std::nan("")))
@@ -347,9 +368,10 @@ std::string TransportPlotScript(const std::vector<TransportRow>& rows,
 }
 
 void PrintTransportTable(const std::vector<TransportRow>& rows) {
-  std::printf("%-6s %-10s %8s %8s %9s %9s %9s %9s %8s %10s %6s %9s %6s %7s %6s %7s\n", "client",
-              "transport", "size", "GB/s", "elem/s", "p50 us", "p99 us", "cpuS/GB", "copied",
-              "perftest", "%pt", "memcpy", "%mcp", "x grpc", "%c++", "+us/el");
+  std::printf("%-6s %-10s %8s %8s %9s %9s %9s %9s %8s %10s %6s %8s %6s %9s %6s %7s %6s %7s\n",
+              "client", "transport", "size", "GB/s", "elem/s", "p50 us", "p99 us", "cpuS/GB",
+              "copied", "perftest", "%pt", "pt-raw", "%raw", "memcpy", "%mcp", "x grpc", "%c++",
+              "+us/el");
   for (const auto& row : rows) {
     if (!row.rec) {
       std::printf("%-6s %-10s %8s  FAILED: %s\n", row.client.c_str(), row.transport.name.c_str(),
@@ -360,7 +382,7 @@ void PrintTransportTable(const std::vector<TransportRow>& rows) {
     const TransportRow* g = row.client == kTorch ? nullptr : GrpcRow(rows, row.size);
     const TransportRow* cpp = CppRow(rows, row);
     const std::optional<double> c = Ceiling(row);
-    std::printf("%-6s %-10s %8s %8s %9s %9s %9s %9s %8s %10s %6s %9s %6s %7s %6s %7s\n",
+    std::printf("%-6s %-10s %8s %8s %9s %9s %9s %9s %8s %10s %6s %8s %6s %9s %6s %7s %6s %7s\n",
                 row.client.c_str(), row.transport.name.c_str(), SizeLabel(row.size).c_str(),
                 Num(row.gbps).c_str(),
                 Count(row.eps).c_str(), Num(RecordNumber(r, "lat_p50_us", std::nan("")), 1).c_str(),
@@ -368,6 +390,8 @@ void PrintTransportTable(const std::vector<TransportRow>& rows) {
                 Num(row.cpu_per_gb, 2).c_str(),
                 Count(RecordNumber(r, "client_payload_bytes_copied", std::nan(""))).c_str(),
                 c ? Num(*c).c_str() : "-", Pct(Ratio(row.gbps, c)).c_str(),
+                row.am_raw_gbps ? Num(*row.am_raw_gbps).c_str() : "-",
+                Pct(Ratio(row.gbps, row.am_raw_gbps)).c_str(),
                 row.memcpy_gbps ? Num(*row.memcpy_gbps).c_str() : "-",
                 Pct(Ratio(row.gbps, row.memcpy_gbps)).c_str(),
                 g != nullptr && g != &row ? Times(Ratio(row.gbps, g->gbps)).c_str() : "-",
@@ -376,6 +400,15 @@ void PrintTransportTable(const std::vector<TransportRow>& rows) {
                     ? absl::StrFormat("%+.2f", OverheadUs(row, cpp)).c_str()
                     : "-");
   }
+  // Which transports carried the bytes, from UCX's own endpoint description
+  // (TransportStats::ucx_lanes: rma_bw carries the rendezvous data).
+  std::map<std::string, std::string> lanes;
+  for (const auto& row : rows) {
+    if (row.client != kCpp || !row.rec || row.transport.protocol != "ucx") continue;
+    auto it = row.rec->find("ucx_lanes");
+    if (it != row.rec->end() && !it->second.empty()) lanes[row.transport.name] = it->second;
+  }
+  for (const auto& [name, l] : lanes) std::printf("%s lanes: %s\n", name.c_str(), l.c_str());
 }
 
 // A Python child's outcome: its record, or `missing` (it could not import
@@ -622,25 +655,36 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
     if (t.protocol != "ucx" || perftest.empty()) continue;
     for (auto& row : rows) {
       if (row.client != kCpp || row.transport.name != t.name) continue;
-      for (const auto& test : perftest_tests) {
-        progress.Step(absl::StrCat("ucx_perftest ", test, " ", t.name, " ", SizeLabel(row.size)));
-        const std::string name = absl::StrCat("perftest-", t.name, "-", test, "-", row.size);
+      // (test, -e): the -e runs are the ceilings the targets use; am_bw
+      // without -e is the raw ceiling beside them.
+      std::vector<std::pair<std::string, bool>> runs;
+      for (const auto& test : perftest_tests) runs.emplace_back(test, true);
+      runs.emplace_back("ucp_am_bw", false);
+      for (const auto& [test, peer_errors] : runs) {
+        const std::string label = absl::StrCat(test, peer_errors ? " -e" : "");
+        progress.Step(absl::StrCat("ucx_perftest ", label, " ", t.name, " ", SizeLabel(row.size)));
+        const std::string name = absl::StrCat("perftest-", t.name, "-", test,
+                                              peer_errors ? "-e-" : "-", row.size);
         // A short probe sizes the run to about perftest_seconds: its rate
         // here ranges over four orders of magnitude with size and load.
         auto pt = RunPerftest(perftest, test, row.size,
                               Clamp((int64_t{64} << 20) / row.size, 20, 2000), t.ucx_tls,
-                              scratch, name + "-probe");
+                              peer_errors, scratch, name + "-probe");
         if (pt.ok()) {
           pt = RunPerftest(perftest, test, row.size,
                            Clamp(static_cast<int64_t>(pt->msg_per_s * perftest_seconds), 20,
                                  quick ? 20000 : 200000),
-                           t.ucx_tls, scratch, name);
+                           t.ucx_tls, peer_errors, scratch, name);
         }
         if (!pt.ok()) {
           row.perftest_error = OneLine(pt.status());
           continue;
         }
-        (test == "tag_bw" ? row.tag_gbps : row.am_gbps) = pt->gb_per_s;
+        if (!peer_errors) {
+          row.am_raw_gbps = pt->gb_per_s;
+        } else {
+          (test == "tag_bw" ? row.tag_gbps : row.am_gbps) = pt->gb_per_s;
+        }
       }
     }
   }
@@ -713,7 +757,7 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
       "max_outstanding_requests=1 (request round trip + transfer). cpuS/GB = client process CPU "
       "(user+sys, all threads) per GB. copied = TransportStats::client_payload_bytes_copied "
       "during the timed pass. perftest = max of ucx_perftest -e (peer error handling, as "
-      "sluice's endpoints) ucp_am_bw and tag_bw on the same UCX_TLS and size (%%pt = sluice/perftest); memcpy = single-thread memcpy of blocks of "
+      "sluice's endpoints) ucp_am_bw and tag_bw on the same UCX_TLS and size, with sluice's UCX settings (%%pt = sluice/perftest); pt-raw = ucp_am_bw without -e, which UCX may serve with transports sluice cannot use safely (%%raw = sluice/pt-raw); memcpy = single-thread memcpy of blocks of "
       "that size through 256 MiB buffers; x grpc = GB/s (= elem/s) ratio to the grpc row of the "
       "same size.\n",
       seconds);

@@ -1010,6 +1010,7 @@ fields of C++ WorkerConfig (dispatcher_address is required).)doc")
     SLUICE_STAT_(receive_pool_registered_bytes); SLUICE_STAT_(receive_pool_over_cap);
     SLUICE_STAT_(pool_arenas_verified_on_node); SLUICE_STAT_(pool_arenas_misplaced);
     SLUICE_STAT_(receive_pool_cuda_pinned_bytes); SLUICE_STAT_(cuda_pin_failures);
+    SLUICE_STAT_(ucx_lanes);
 #undef SLUICE_STAT_
     return d;
   }, "The process's data-plane counters (C++ TransportStats) as a dict.");

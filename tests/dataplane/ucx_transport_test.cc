@@ -4,10 +4,12 @@
 // exhaustion is reachable.
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -122,6 +124,17 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
             static_cast<int64_t>(elements_.size()));
   // Rendezvous into registered slots: the client copied no payload.
   EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
+  // Which transports carried it: shared memory when UCX_TLS allows it
+  // (sluice's defaults keep dead-peer detection on it), else tcp.
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls != nullptr && absl::StrContains(tls, "posix")) {
+    EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("posix/memory(am"));
+    EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("cma/memory(rma_bw"));
+    EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("keepalive"));
+  } else {
+    EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("tcp/"));
+    EXPECT_THAT(after.ucx_lanes, ::testing::Not(::testing::HasSubstr("posix")));
+  }
   EXPECT_GT(after.ucx_bytes_received - before.ucx_bytes_received, int64_t{64} << 20);
   // Even tasks are served as a worker serves them: the single-tensor
   // elements of at least 64 KiB (2, 4, 6) straight from the tensor's memory,
