@@ -125,9 +125,12 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
   // Rendezvous into registered slots: the client copied no payload.
   EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
   // Which transports carried it: shared memory when UCX_TLS allows it
-  // (sluice's defaults keep dead-peer detection on it), else tcp.
+  // (sluice's defaults keep dead-peer detection on it) unless
+  // SLUICE_UCX_SHM=0, else tcp.
   const char* tls = std::getenv("UCX_TLS");
-  if (tls != nullptr && absl::StrContains(tls, "posix")) {
+  const char* shm = std::getenv("SLUICE_UCX_SHM");
+  if (tls != nullptr && absl::StrContains(tls, "posix") &&
+      (shm == nullptr || std::string(shm) != "0")) {
     EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("posix/memory(am"));
     EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("cma/memory(rma_bw"));
     EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("keepalive"));
