@@ -9,11 +9,13 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "sluice/core/status.h"
 
@@ -90,23 +92,57 @@ namespace {
 constexpr std::pair<const char*, const char*> kUcxDefaults[] = {
     {"ADAPTIVE_PROGRESS", "n"},
 };
-constexpr std::pair<const char*, const char*> kUcxSharedMemoryDefaults[] = {
-    {"POSIX_ERROR_HANDLING", "y"},
-    {"SYSV_ERROR_HANDLING", "y"},
-    {"CMA_MEMORY_INVALIDATE", "y"},
+// Each with the transport it belongs to: set only when UCX_TLS lets UCX
+// use that transport (UCX prints "unused env variables" to stdout for a
+// setting no loaded transport reads).
+struct TransportSetting {
+  const char* transport;
+  const char* name;
+  const char* value;
+};
+constexpr TransportSetting kUcxSharedMemoryDefaults[] = {
+    {"posix", "POSIX_ERROR_HANDLING", "y"},
+    {"sysv", "SYSV_ERROR_HANDLING", "y"},
+    {"cma", "CMA_MEMORY_INVALIDATE", "y"},
 };
 
 bool SharedMemoryEnabled() {
   const char* v = std::getenv("SLUICE_UCX_SHM");
   return v == nullptr || std::string(v) != "0";
 }
+
+// Whether UCX_TLS = `tls` lets UCX use shared-memory transport `tl`: unset
+// or "all"; listed by name or by an alias covering it ("sm"/"shm": every
+// shared-memory transport, "mm": posix and sysv); or, for an exclusion list
+// ("^..."), not excluded.
+bool TlsAllows(absl::string_view tls, absl::string_view tl) {
+  if (tls.empty()) return true;
+  const bool exclude = absl::ConsumePrefix(&tls, "^");
+  bool listed = false;
+  for (absl::string_view name : absl::StrSplit(tls, ',', absl::SkipWhitespace())) {
+    name = absl::StripAsciiWhitespace(name);
+    absl::ConsumePrefix(&name, "\\");  // a strict name
+    if (name == tl || name == "all" || name == "sm" || name == "shm" ||
+        (name == "mm" && tl != "cma")) {
+      listed = true;
+    }
+  }
+  return exclude ? !listed : listed;
+}
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults() {
+std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults(
+    std::optional<std::string> ucx_tls) {
+  if (!ucx_tls.has_value()) {
+    const char* env = std::getenv("UCX_TLS");
+    ucx_tls = env != nullptr ? env : "";
+  }
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [name, value] : kUcxDefaults) out.emplace_back(name, value);
   if (SharedMemoryEnabled()) {
-    for (const auto& [name, value] : kUcxSharedMemoryDefaults) out.emplace_back(name, value);
+    for (const TransportSetting& s : kUcxSharedMemoryDefaults) {
+      if (TlsAllows(*ucx_tls, s.transport)) out.emplace_back(s.name, s.value);
+    }
   }
   return out;
 }

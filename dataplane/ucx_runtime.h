@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,9 +131,12 @@ absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string&
 // Progress thread only: closes `ep` at once (peer error handling mode).
 void CloseEndpointForce(ucp_ep_h ep);
 // The UCX settings sluice applies unless the user set them (name without
-// the UCX_ prefix, value): docs/dataplane.md "UCX 1.13". Benchmarks give
-// them to ucx_perftest, so that its ceiling uses the same transports.
-std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults();
+// the UCX_ prefix, value) for UCX_TLS = `ucx_tls` (default: the
+// environment's): docs/dataplane.md "UCX 1.13". A transport's settings only
+// where UCX_TLS lets UCX load it. Benchmarks give them to ucx_perftest, so
+// that its ceiling uses the same transports.
+std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults(
+    std::optional<std::string> ucx_tls = std::nullopt);
 
 // Progress thread only: the transports `ep` uses and what for, from UCX's
 // own endpoint description (ucp_ep_print_info), e.g.

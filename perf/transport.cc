@@ -55,7 +55,7 @@ absl::StatusOr<PerftestResult> RunPerftest(const std::string& binary, const std:
                                            bool peer_errors, const ScratchDir& scratch,
                                            const std::string& name) {
   std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", tls}};
-  for (const auto& [k, v] : internal::ucx::SluiceUcxDefaults()) {
+  for (const auto& [k, v] : internal::ucx::SluiceUcxDefaults(tls)) {
     if (std::getenv(absl::StrCat("UCX_", k).c_str()) == nullptr) {
       env.emplace_back(absl::StrCat("UCX_", k), v);
     }

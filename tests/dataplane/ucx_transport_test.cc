@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -416,6 +417,38 @@ TEST(UcxLimitTest, OversizedReplyIsRefusedWithAClearError) {
   ASSERT_OK(r);
   ASSERT_EQ(r->elements.size(), 1u);
   EXPECT_EQ(r->elements[0][0].byte_size(), size_t{1} << 20);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+std::set<std::string> DefaultNames(const std::string& tls) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : internal::ucx::SluiceUcxDefaults(tls)) names.insert(name);
+  return names;
+}
+
+// A transport's setting only where UCX_TLS lets UCX load that transport.
+TEST(UcxSettingsTest, SharedMemorySettingsFollowUcxTls) {
+  using ::testing::Contains;
+  using ::testing::Not;
+  EXPECT_THAT(DefaultNames("tcp"), Not(Contains("POSIX_ERROR_HANDLING")));
+  EXPECT_THAT(DefaultNames("tcp"), Not(Contains("SYSV_ERROR_HANDLING")));
+  EXPECT_THAT(DefaultNames("tcp"), Not(Contains("CMA_MEMORY_INVALIDATE")));
+  EXPECT_THAT(DefaultNames("tcp"), Contains("ADAPTIVE_PROGRESS"));
+  const auto shm = DefaultNames("tcp,posix,cma,self");
+  EXPECT_THAT(shm, Contains("POSIX_ERROR_HANDLING"));
+  EXPECT_THAT(shm, Contains("CMA_MEMORY_INVALIDATE"));
+  EXPECT_THAT(shm, Not(Contains("SYSV_ERROR_HANDLING")));
+  for (const std::string tls : {"", "all", "sm,tcp", "shm"}) {
+    EXPECT_EQ(DefaultNames(tls).size(), 4u) << tls;
+  }
+  EXPECT_THAT(DefaultNames("^sysv"), Not(Contains("SYSV_ERROR_HANDLING")));
+  EXPECT_THAT(DefaultNames("^sysv"), Contains("POSIX_ERROR_HANDLING"));
+  EXPECT_THAT(DefaultNames("mm,tcp"), Not(Contains("CMA_MEMORY_INVALIDATE")));
 }
 
 }  // namespace

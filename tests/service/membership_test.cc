@@ -267,6 +267,12 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
   watchdog.Disarm();
   EXPECT_EQ(kills, kWorkerKills);
   EXPECT_TRUE(dispatcher_restarted);
+  // sluice's own UCX settings fit every UCX_TLS: UCX never complains on a
+  // worker's stdout about a setting no loaded transport reads (it did for
+  // the shared-memory ones under UCX_TLS=tcp).
+  for (ChildProcess* w : live) {
+    EXPECT_THAT(w->log(), ::testing::Not(::testing::HasSubstr("unused env variable"))) << w->log();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
