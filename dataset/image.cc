@@ -304,15 +304,24 @@ absl::StatusOr<ComponentSpec> NormalizeInfer(const proto::Expr::Call& c,
       return Invalid(absl::StrCat("stddev must be finite and nonzero; got ", c.floats(i)));
     }
   }
-  SLUICE_RETURN_IF_ERROR(CheckImage(args[0], true).status());
+  // An image [H, W, 3] -> [3, H, W], or a batch [B, H, W, 3] -> [B, 3, H, W].
+  const ComponentSpec& a = args[0];
+  if (a.shape && a.shape->size() == 4) {
+    if (a.dtype && *a.dtype != DType::kUInt8) {
+      return Invalid(absl::StrCat("needs uint8 images; got ", a.ToString()));
+    }
+    const std::vector<int64_t>& d = *a.shape;
+    if (d[3] >= 0 && d[3] != 3) return Invalid(absl::StrCat("needs 3 channels; got ", a.ToString()));
+    return ComponentSpec{DType::kFloat32, std::vector<int64_t>{d[0], 3, d[1], d[2]}};
+  }
+  SLUICE_RETURN_IF_ERROR(CheckImage(a, true).status());
   std::vector<int64_t> shape = {3, -1, -1};
-  if (args[0].shape) shape = {3, (*args[0].shape)[0], (*args[0].shape)[1]};
+  if (a.shape) shape = {3, (*a.shape)[0], (*a.shape)[1]};
   return ComponentSpec{DType::kFloat32, shape};
 }
 
 absl::StatusOr<Tensor> NormalizeRun(const proto::Expr::Call& c, const std::vector<Tensor>& args,
                                     const CallContext&) {
-  SLUICE_RETURN_IF_ERROR(CheckImageTensor(args[0]));
   std::array<float, 3> mean, stddev;
   for (int i = 0; i < 3; ++i) {
     mean[i] = static_cast<float>(c.floats(i));

@@ -74,6 +74,9 @@ expr::Expr CenterCrop(const expr::Expr& img, int64_t height, int64_t width);
 expr::Expr RandomHorizontalFlip(const expr::Expr& img, double p = 0.5);
 
 // uint8 [H, W, 3] -> float32 [3, H, W]: (x / 255 - mean) / stddev per channel.
+// Also a batch, uint8 [B, H, W, 3] -> float32 [B, 3, H, W]: apply it after
+// Batch and after Distribute, so that uint8 crosses the wire (a quarter of
+// the bytes) and the client normalizes.
 expr::Expr Normalize(const expr::Expr& img, std::array<float, 3> mean,
                      std::array<float, 3> stddev);
 

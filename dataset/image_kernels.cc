@@ -822,11 +822,19 @@ absl::StatusOr<Tensor> FlipHorizontal(const Tensor& img) {
 
 absl::StatusOr<Tensor> Normalize(const Tensor& img, const std::array<float, 3>& mean,
                                  const std::array<float, 3>& stddev) {
-  SLUICE_ASSIGN_OR_RETURN(const Hwc s, CheckImage(img, "normalize"));
-  if (s.c != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("normalize: expects 3 channels, got ", img.shape().ToString()));
+  // One image [H, W, 3], or a batch of them [B, H, W, 3] (normalized after
+  // Distribute, so that uint8 crosses the wire instead of 4x the float32).
+  const bool batch = img.valid() && img.shape().rank() == 4;
+  if (!img.valid() || img.dtype() != DType::kUInt8 || (img.shape().rank() != 3 && !batch) ||
+      img.shape().dim(img.shape().rank() - 1) != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "normalize: expects 3 channels, in a uint8 [height, width, 3] image or a "
+        "[batch, height, width, 3] batch of them, got ",
+        img.valid() ? absl::StrCat(DTypeName(img.dtype()), " ", img.shape().ToString())
+                    : "an invalid tensor"));
   }
+  const int64_t n = batch ? img.shape().dim(0) : 1;
+  const Hwc s{img.shape().dim(batch ? 1 : 0), img.shape().dim(batch ? 2 : 1), 3};
   for (float sd : stddev) {
     if (sd == 0.0f || !std::isfinite(sd)) {
       return absl::InvalidArgumentError("normalize: stddev must be finite and nonzero");
@@ -839,16 +847,21 @@ absl::StatusOr<Tensor> Normalize(const Tensor& img, const std::array<float, 3>& 
       lut[c][v] = (static_cast<float>(v) / 255.0f - mean[c]) / stddev[c];
   }
   SLUICE_ASSIGN_OR_RETURN(
-      Tensor out, Tensor::Allocate(DType::kFloat32, TensorShape({3, s.h, s.w}), /*zeroed=*/false));
+      Tensor out,
+      Tensor::Allocate(DType::kFloat32,
+                       batch ? TensorShape({n, 3, s.h, s.w}) : TensorShape({3, s.h, s.w}),
+                       /*zeroed=*/false));
   const int64_t plane = s.h * s.w;
-  float* __restrict r = reinterpret_cast<float*>(out.mutable_data());
-  float* __restrict g = r + plane;
-  float* __restrict b = g + plane;
-  const uint8_t* __restrict src = img.data();
-  for (int64_t i = 0; i < plane; ++i) {
-    r[i] = lut[0][src[3 * i + 0]];
-    g[i] = lut[1][src[3 * i + 1]];
-    b[i] = lut[2][src[3 * i + 2]];
+  for (int64_t k = 0; k < n; ++k) {
+    float* __restrict r = reinterpret_cast<float*>(out.mutable_data()) + k * 3 * plane;
+    float* __restrict g = r + plane;
+    float* __restrict b = g + plane;
+    const uint8_t* __restrict src = img.data() + k * 3 * plane;
+    for (int64_t i = 0; i < plane; ++i) {
+      r[i] = lut[0][src[3 * i + 0]];
+      g[i] = lut[1][src[3 * i + 1]];
+      b[i] = lut[2][src[3 * i + 2]];
+    }
   }
   return out;
 }

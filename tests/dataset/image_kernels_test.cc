@@ -751,6 +751,30 @@ TEST(NormalizeTest, ChannelsFirstFloat) {
                 "nonzero");
 }
 
+// A batch [B, H, W, 3] normalizes each image as Normalize of it alone would,
+// into [B, 3, H, W].
+TEST(NormalizeTest, ABatchNormalizesEachImageIntoBatchChannelsFirst) {
+  const std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
+  const std::array<float, 3> stddev = {0.229f, 0.224f, 0.225f};
+  const std::vector<uint8_t> a = {0, 128, 255, 51, 102, 204}, b = {9, 8, 7, 250, 1, 77};
+  std::vector<uint8_t> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  ASSERT_OK_AND_ASSIGN(Tensor batch, Tensor::FromVector<uint8_t>(both).Reshape({2, 1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(Tensor out, Normalize(batch, mean, stddev));
+  EXPECT_EQ(Dims(out), (std::vector<int64_t>{2, 3, 1, 2}));
+  ASSERT_OK_AND_ASSIGN(Tensor one, Normalize(Image(1, 2, 3, a), mean, stddev));
+  ASSERT_OK_AND_ASSIGN(Tensor two, Normalize(Image(1, 2, 3, b), mean, stddev));
+  const auto v = out.values<float>();
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(v[i], one.values<float>()[i]) << i;
+    EXPECT_EQ(v[6 + i], two.values<float>()[i]) << i;
+  }
+  ASSERT_OK_AND_ASSIGN(Tensor gray, Tensor::FromVector<uint8_t>({1, 2}).Reshape({2, 1, 1, 1}));
+  EXPECT_STATUS(Normalize(gray, mean, stddev), kInvalid, "[batch, height, width, 3]");
+  ASSERT_OK_AND_ASSIGN(Tensor rank5, Tensor::FromVector<uint8_t>({1, 2, 3}).Reshape({1, 1, 1, 1, 3}));
+  EXPECT_STATUS(Normalize(rank5, mean, stddev), kInvalid, "[height, width, 3]");
+}
+
 // Value 10 * y + x of an h x w x 1 image.
 Tensor Ramp(int h, int w) {
   std::vector<uint8_t> px;

@@ -71,6 +71,24 @@ TEST(ImageTest, TrainingPipelineGivesNormalizedFloatImagesOfTheCropSize) {
   }
 }
 
+// Normalizing the batch (as after Distribute, so that uint8 crosses the
+// wire) gives exactly what normalizing each image before Batch gives.
+TEST(ImageTest, NormalizeAfterBatchEqualsNormalizeBeforeIt) {
+  auto cropped = [] {
+    return Dataset::FromTensors(Jpegs(5)).WithSeed(1).Map(
+        image::RandomHorizontalFlip(image::RandomResizedCrop(image::Decode(x), 32, 24)));
+  };
+  Dataset before = cropped().Map(image::Normalize(x, kMean, kStd)).Batch(5);
+  Dataset after = cropped().Batch(5).Map(image::Normalize(x, kMean, kStd));
+  ASSERT_OK(after.status());
+  EXPECT_EQ(after.element_spec().ToString(), "(float32[?,3,32,24])");
+  ASSERT_OK_AND_ASSIGN(auto want, Collect(before));
+  ASSERT_OK_AND_ASSIGN(auto got, Collect(after));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(want.size(), 1u);
+  EXPECT_TRUE(ElementsEqual(got[0], want[0]));
+}
+
 // The crop taken over from Decode (region decode) gives the pixels of
 // decoding everything and then cropping: with an output larger than the
 // region no DCT scaling applies, and libjpeg's region decode is exact.
