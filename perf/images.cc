@@ -10,7 +10,9 @@
 // Rows: "sluice local" (the pipeline in one process), "sluice distribute,
 // W workers" (the same pipeline on W sluice-worker processes,
 // processing_mode distributed_epoch so each image is produced once, read by
-// one client process), and "torch DataLoader, num_workers=K"
+// one client process), the first W again with uint8 batches over the wire
+// and Normalize on the client (the same elements), and "torch DataLoader,
+// num_workers=K"
 // (perf/torch_images.py under Debian's python3). Each row is one child
 // process (plus its workers) that makes a warm-up pass over the corpus and
 // then timed passes (each a fresh iterator read to the end and destroyed;
@@ -99,16 +101,25 @@ absl::StatusOr<int64_t> ProcPeakRss(const std::string& pid) {
   return absl::NotFoundError(absl::StrCat("no VmHWM in ", path));
 }
 
-Dataset ImagesPipeline(const std::string& corpus, int64_t batch, uint64_t seed) {
+// With `normalize_after_batch` the images stay uint8 [224, 224, 3] through
+// Batch and Normalize runs on the batch (Normalized() below): behind a
+// Distribute, uint8 crosses the wire (a quarter of the bytes) and the client
+// normalizes. The elements are the same either way.
+Dataset ImagesPipeline(const std::string& corpus, int64_t batch, uint64_t seed,
+                       bool normalize_after_batch) {
   using expr::x;
+  expr::Expr img =
+      image::RandomHorizontalFlip(image::RandomResizedCrop(image::Decode(io::ReadFile(x[0])),
+                                                           224, 224));
+  if (!normalize_after_batch) img = image::Normalize(img, kMean, kStd);
   return image::ImageFolder(corpus)
       .WithSeed(seed)
-      .Map({image::Normalize(image::RandomHorizontalFlip(image::RandomResizedCrop(
-                                 image::Decode(io::ReadFile(x[0])), 224, 224)),
-                             kMean, kStd),
-            x[1]},
-           kAutotune)
+      .Map({img, x[1]}, kAutotune)
       .Batch(batch, /*drop_remainder=*/false);
+}
+Dataset Normalized(const Dataset& batches) {
+  using expr::x;
+  return batches.Map({image::Normalize(x[0], kMean, kStd), x[1]});
 }
 
 struct PassCount {
@@ -244,7 +255,9 @@ absl::StatusOr<Corpus> PrepareCorpus(const ImagesArgs& a, int64_t images, int64_
 
 struct Row {
   std::string name;
-  std::string kind;  // "sluice-local", "sluice-distribute", "torch"
+  // "sluice-local", "sluice-distribute", "sluice-distribute-uint8" (uint8
+  // over the wire, normalized by the client), "torch"
+  std::string kind;
   int workers = 0;   // W or num_workers; 0 for local
   int64_t images = 0, batches = 0, passes = 0;
   double seconds = 0, cpu_s = 0;
@@ -284,6 +297,7 @@ absl::StatusOr<Record> RunImagesChild(const ImagesClientOptions& o,
                                       double timeout_s) {
   const std::string out = scratch.File(name + ".record");
   std::vector<std::string> args = {"images-client", "--corpus", o.corpus,
+                                   "--normalize_on_client", o.normalize_on_client ? "1" : "0",
                                    "--batch", absl::StrCat(o.batch),
                                    "--seed", absl::StrCat(o.seed),
                                    "--min_seconds", absl::StrCat(o.min_seconds),
@@ -396,7 +410,7 @@ std::string Workers(int w) { return absl::StrCat(w, w == 1 ? " worker" : " worke
 }  // namespace
 
 absl::StatusOr<Record> RunImagesClient(const ImagesClientOptions& o) {
-  Dataset ds = ImagesPipeline(o.corpus, o.batch, o.seed);
+  Dataset ds = ImagesPipeline(o.corpus, o.batch, o.seed, o.normalize_on_client);
   if (!o.service.empty()) {
     DistributeOptions d;
     d.service = o.service;
@@ -405,6 +419,7 @@ absl::StatusOr<Record> RunImagesClient(const ImagesClientOptions& o) {
     d.max_outstanding_requests = o.max_outstanding;
     ds = ds.Distribute(d);
   }
+  if (o.normalize_on_client) ds = Normalized(ds);
   SLUICE_RETURN_IF_ERROR(ds.status());
   SLUICE_RETURN_IF_ERROR(OnePass(ds).status());  // warm-up: page cache, pools, workers
   auto workers_cpu = [&]() -> absl::StatusOr<double> {
@@ -475,7 +490,8 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
   const MachineInfo machine = DescribeMachine();
   SLUICE_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Create("sluice_perf_images"));
   if (a.common.keep_logs) scratch.Keep();
-  Progress progress("images", 2 + static_cast<int>(a.workers.size() + a.torch_workers.size()));
+  Progress progress("images", 2 + static_cast<int>(a.workers.size() + a.torch_workers.size()) +
+                                  (a.workers.empty() ? 0 : 1));
   std::vector<std::string> notes;
   bool any_failed = false;
 
@@ -508,18 +524,25 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
     }
     rows.push_back(row);
   }
-  for (int w : a.workers) {
+  // Each worker count as the pipeline is (float32 over the wire), then, for
+  // the first count, with uint8 over the wire normalized on the client.
+  std::vector<std::pair<int, bool>> distribute_rows;
+  for (int w : a.workers) distribute_rows.emplace_back(w, false);
+  if (!a.workers.empty()) distribute_rows.emplace_back(a.workers.front(), true);
+  for (const auto& [w, uint8_wire] : distribute_rows) {
     Row row;
-    row.name = absl::StrCat("sluice distribute, ", Workers(w));
-    row.kind = "sluice-distribute";
+    row.name = absl::StrCat("sluice distribute, ", Workers(w),
+                            uint8_wire ? ", uint8 wire + client normalize" : "");
+    row.kind = uint8_wire ? "sluice-distribute-uint8" : "sluice-distribute";
     row.workers = w;
     progress.Step(absl::StrCat(row.name, " (", transport.name, ")"));
-    const std::string name = absl::StrCat("sluice-distribute-", w);
+    const std::string name = absl::StrCat("sluice-distribute-", w, uint8_wire ? "-uint8" : "");
     absl::StatusOr<std::unique_ptr<Cluster>> cluster =
         Cluster::Start(ClusterFor(bin, a.common, transport, w, scratch, name));
     absl::Status st = cluster.status();
     if (st.ok()) {
       ImagesClientOptions o = base;
+      o.normalize_on_client = uint8_wire;
       o.service = (*cluster)->target();
       o.protocol = transport.protocol;
       o.max_outstanding = a.max_outstanding;
@@ -658,6 +681,12 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
     }
     targets.push_back({absl::StrCat("CPU/image: sluice distribute ", Workers(w), " / local"),
                        ratio(dist, local, &Row::cpu_ms_per_image), 1.10, true, false});
+    if (w == a.workers.front()) {
+      targets.push_back({absl::StrCat("CPU/image: sluice distribute ", Workers(w),
+                                      ", uint8 wire + client normalize / local"),
+                         ratio(find("sluice-distribute-uint8", w), local, &Row::cpu_ms_per_image),
+                         1.10, true, false});
+    }
   }
   std::printf(
       "\ntargets (issue #17; equal process counts: local vs num_workers=0, W workers vs "

@@ -180,6 +180,7 @@ int Main(int argc, char** argv) {
   images_client->add_option("--max_outstanding_requests", io.max_outstanding);
   images_client->add_option("--worker_pids", io.worker_pids)->delimiter(',');
   images_client->add_option("--min_seconds", io.min_seconds);
+  images_client->add_option("--normalize_on_client", io.normalize_on_client);
   images_client->add_option("--out", images_out)->required();
 
   // Internal: one measuring client (see the process model at the top).

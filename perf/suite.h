@@ -186,6 +186,8 @@ struct ImagesClientOptions {
   int64_t max_outstanding = 4;
   std::vector<int> worker_pids;  // their CPU and peak RSS are added to the record
   double min_seconds = 0;
+  // Batches stay uint8 through Distribute; the client normalizes them.
+  bool normalize_on_client = false;
 };
 // images, batches, passes, seconds, cpu_s (this process + worker_pids, timed pass),
 // client_cpu_s, workers_cpu_s, peak_rss_bytes (VmHWM summed), client_rss_bytes,

@@ -206,6 +206,9 @@ TEST(PerfSmokeTest, ImagesQuickReportsEachSection) {
   ASSERT_EQ(dist.size(), 1u) << text;
   EXPECT_EQ(Field(dist[0], "images"), 32) << dist[0];  // distributed_epoch: each image once
   EXPECT_GT(Field(dist[0], "workers_peak_rss_bytes"), 0) << dist[0];
+  auto uint8 = Rows(text, "\"kind\":\"sluice-distribute-uint8\",\"workers\":1,");
+  ASSERT_EQ(uint8.size(), 1u) << text;
+  EXPECT_EQ(Field(uint8[0], "images"), 32) << uint8[0];
   auto torch = Rows(text, "\"kind\":\"torch\",\"workers\":0,");
   if (torch.empty()) {
     EXPECT_THAT(text, ::testing::HasSubstr("torch rows skipped")) << text;
