@@ -532,7 +532,7 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
   for (const auto& [w, uint8_wire] : distribute_rows) {
     Row row;
     row.name = absl::StrCat("sluice distribute, ", Workers(w),
-                            uint8_wire ? ", uint8 wire + client normalize" : "");
+                            uint8_wire ? ", uint8" : "");
     row.kind = uint8_wire ? "sluice-distribute-uint8" : "sluice-distribute";
     row.workers = w;
     progress.Step(absl::StrCat(row.name, " (", transport.name, ")"));
@@ -683,7 +683,7 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
                        ratio(dist, local, &Row::cpu_ms_per_image), 1.10, true, false});
     if (w == a.workers.front()) {
       targets.push_back({absl::StrCat("CPU/image: sluice distribute ", Workers(w),
-                                      ", uint8 wire + client normalize / local"),
+                                      ", uint8 / local"),
                          ratio(find("sluice-distribute-uint8", w), local, &Row::cpu_ms_per_image),
                          1.10, true, false});
     }
