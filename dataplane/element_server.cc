@@ -17,7 +17,8 @@ void WriteFrame(const FrameBuffer& f, uint8_t* out) {
 }
 
 size_t FrameBuffer::frame_size() const {
-  return payload == nullptr ? size : size + (payload_size + kFrameAlignment - 1) / kFrameAlignment * kFrameAlignment;
+  if (payload == nullptr) return size;
+  return size + (payload_size + kFrameAlignment - 1) / kFrameAlignment * kFrameAlignment;
 }
 
 absl::StatusOr<FrameBuffer> EncodeServedFrame(const Element& element,

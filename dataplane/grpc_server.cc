@@ -31,7 +31,8 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     }
     // A server of its own.
     const std::string& listen = server->options_.listen_address;
-    SLUICE_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(server->options_.tls, "element server"));
+    SLUICE_ASSIGN_OR_RETURN(auto creds,
+                            MakeServerCredentials(server->options_.tls, "element server"));
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(&builder);
     int port = 0;

@@ -76,8 +76,9 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     for (const internal::ElementServer* s : {grpc_elements.get(), other_elements.get()}) {
       if (s == nullptr) continue;
       const internal::ElementServerStats st = s->stats();
-      m.serve_errors.push_back(
-          {s == grpc_elements.get() ? internal::kGrpcProtocol : transfer_protocol, st.serve_errors});
+      const std::string name =
+          s == grpc_elements.get() ? std::string(internal::kGrpcProtocol) : transfer_protocol;
+      m.serve_errors.push_back({name, st.serve_errors});
       if (s == grpc_elements.get()) m.grpc_bytes_copied = st.bytes_copied;
     }
     m.tasks_received = tasks_received.load();

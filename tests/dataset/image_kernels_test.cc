@@ -771,7 +771,8 @@ TEST(NormalizeTest, ABatchNormalizesEachImageIntoBatchChannelsFirst) {
   }
   ASSERT_OK_AND_ASSIGN(Tensor gray, Tensor::FromVector<uint8_t>({1, 2}).Reshape({2, 1, 1, 1}));
   EXPECT_STATUS(Normalize(gray, mean, stddev), kInvalid, "[batch, height, width, 3]");
-  ASSERT_OK_AND_ASSIGN(Tensor rank5, Tensor::FromVector<uint8_t>({1, 2, 3}).Reshape({1, 1, 1, 1, 3}));
+  ASSERT_OK_AND_ASSIGN(Tensor rank5,
+                       Tensor::FromVector<uint8_t>({1, 2, 3}).Reshape({1, 1, 1, 1, 3}));
   EXPECT_STATUS(Normalize(rank5, mean, stddev), kInvalid, "[height, width, 3]");
 }
 
