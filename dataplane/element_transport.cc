@@ -1,6 +1,6 @@
-// ElementTransport::GetElement (waiting on GetElementAsync), the fallback
+// ElementTransport::GetElement (waiting on GetElementAsync) and the fallback
 // wrapper (UCX until it fails before ever delivering a reply, then gRPC for
-// good), and the public entry to the UCX transport.
+// good).
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
@@ -82,20 +82,6 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
                                                        std::string peer, bool allow_fallback) {
   return std::unique_ptr<ElementTransport>(new FallbackTransport(
       std::move(primary), std::move(fallback), std::move(peer), allow_fallback));
-}
-
-namespace internal {
-// ucx_transport.cc
-absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address, const std::string& auth_token, int64_t max_element_bytes,
-    bool eager_small_replies);
-}  // namespace internal
-
-absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
-    const std::string& address, const std::string& auth_token, int64_t max_element_bytes,
-    bool eager_small_replies) {
-  return internal::MakeUcxElementTransport(address, auth_token, max_element_bytes,
-                                           eager_small_replies);
 }
 
 }  // namespace sluice

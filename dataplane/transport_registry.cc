@@ -20,6 +20,12 @@ struct Registry {
       ABSL_GUARDED_BY(mu);
 };
 
+std::vector<std::string> NamesLocked(Registry& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.mu) {
+  std::vector<std::string> names;
+  for (const auto& [n, p] : r.protocols) names.push_back(n);
+  return names;
+}
+
 void AddLocked(Registry& r, TransportProtocol p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.mu) {
   std::string name = p.name;
   r.protocols.emplace(std::move(name), std::make_unique<TransportProtocol>(std::move(p)));
@@ -76,19 +82,15 @@ absl::StatusOr<const TransportProtocol*> FindTransportProtocol(absl::string_view
   absl::MutexLock l(&r.mu);
   auto it = r.protocols.find(name);
   if (it != r.protocols.end()) return it->second.get();
-  std::vector<std::string> names;
-  for (const auto& [n, p] : r.protocols) names.push_back(n);
   return absl::InvalidArgumentError(absl::StrCat(who, ": unknown data_transfer_protocol '", name,
                                                  "'; expected one of ",
-                                                 absl::StrJoin(names, ", ")));
+                                                 absl::StrJoin(NamesLocked(r), ", ")));
 }
 
 std::vector<std::string> TransportProtocolNames() {
   Registry& r = TheRegistry();
   absl::MutexLock l(&r.mu);
-  std::vector<std::string> names;
-  for (const auto& [n, p] : r.protocols) names.push_back(n);
-  return names;
+  return NamesLocked(r);
 }
 
 }  // namespace sluice::internal

@@ -353,12 +353,17 @@ class UcxClient {
   }
 
   // Progress thread only: drops `id` from the maps; null if unknown.
-  std::shared_ptr<Pending> Unregister(uint64_t id) {
+  // `replied`: its reply came, so the endpoint's wireup is done (see
+  // UcxEndpoint::NoteLanes).
+  std::shared_ptr<Pending> Unregister(uint64_t id, bool replied = false) {
     auto it = pending_.find(id);
     if (it == pending_.end()) return nullptr;
     std::shared_ptr<Pending> p = std::move(it->second);
     pending_.erase(it);
-    if (p->endpoint != nullptr) p->endpoint->Remove(id);
+    if (p->endpoint != nullptr) {
+      if (replied) p->endpoint->NoteLanes();
+      p->endpoint->Remove(id);
+    }
     p->endpoint = nullptr;
     return p;
   }
@@ -490,11 +495,7 @@ class UcxClient {
     if (header_length < sizeof(h)) return drop();
     std::memcpy(&h, header, sizeof(h));
     if (h.magic != ucx::kReplyMagic) return drop();
-    if (auto it = self->pending_.find(h.request_id);
-        it != self->pending_.end() && it->second->endpoint != nullptr) {
-      it->second->endpoint->NoteLanes();
-    }
-    std::shared_ptr<Pending> p = self->Unregister(h.request_id);
+    std::shared_ptr<Pending> p = self->Unregister(h.request_id, /*replied=*/true);
     if (p == nullptr || p->Done()) return drop();  // stale: cancelled or timed out
     const uint8_t* inline_bytes = static_cast<const uint8_t*>(header) + sizeof(h);
     const size_t inline_len = std::min<size_t>(h.inline_len, header_length - sizeof(h));
@@ -707,14 +708,14 @@ class UcxElementTransport final : public ElementTransport {
 
 }  // namespace
 
+}  // namespace internal
+
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
     const std::string& address, const std::string& auth_token, int64_t max_element_bytes,
     bool eager_small_replies) {
-  return UcxElementTransport::Connect(address, auth_token, max_element_bytes,
-                                      eager_small_replies);
+  return internal::UcxElementTransport::Connect(address, auth_token, max_element_bytes,
+                                                eager_small_replies);
 }
-
-}  // namespace internal
 
 void SetClientDataPlanePlacement(DataPlanePlacement placement) {
   absl::MutexLock l(&internal::g_placement_mu);
@@ -729,6 +730,11 @@ void SetClientDataPlanePlacement(DataPlanePlacement placement) {
 }
 
 absl::Status PinUcxReceivePoolForCuda() {
+  {
+    // Every iterator with cuda_pinned=auto asks: once on, ask CUDA no more.
+    absl::MutexLock l(&internal::g_placement_mu);
+    if (internal::g_cuda_pin != nullptr) return absl::OkStatus();
+  }
   SLUICE_ASSIGN_OR_RETURN(const internal::CudaRuntime* rt, internal::UsableCudaRuntime());
   {
     absl::MutexLock l(&internal::g_placement_mu);
