@@ -70,6 +70,12 @@ absl::Status UcsError(ucs_status_t s, absl::string_view what) {
                                                      " (UCX status ", static_cast<int>(s), ")"));
 }
 
+absl::Status UcsPeerError(ucs_status_t s, absl::string_view what) {
+  absl::Status error = UcsError(s, what);
+  if (error.code() != absl::StatusCode::kInternal) return error;
+  return absl::UnavailableError(error.message());
+}
+
 namespace {
 // Settings sluice changes from UCX's defaults, each for a reason:
 //  - ADAPTIVE_PROGRESS=n: UCX deactivates interfaces no endpoint uses and
@@ -356,7 +362,7 @@ absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string&
   p.err_handler.arg = arg;
   ucp_ep_h ep = nullptr;
   ucs_status_t s = ucp_ep_create(worker, &p, &ep);
-  if (s != UCS_OK) return UcsError(s, absl::StrCat("ucx connect to ", host_port));
+  if (s != UCS_OK) return UcsPeerError(s, absl::StrCat("ucx connect to ", host_port));
   return ep;
 }
 

@@ -34,6 +34,12 @@ namespace sluice::internal::ucx {
 // UCS_OK gives OK.
 absl::StatusCode UcsStatusCode(ucs_status_t s);
 absl::Status UcsError(ucs_status_t s, absl::string_view what);
+// The same for a failure on a connection to a peer: a code UcsError would
+// call Internal is Unavailable here, because an endpoint fails with whatever
+// the transport saw when the peer went away (a dead same-host worker's
+// shared-memory segment is gone: UCS_ERR_SHMEM_SEGMENT), and the caller's
+// answer is the same as for a reset connection: try elsewhere or later.
+absl::Status UcsPeerError(ucs_status_t s, absl::string_view what);
 
 // The process's UCX context (features: active messages, wakeup).
 class Context final {

@@ -205,7 +205,7 @@ void UcxEndpoint::NoteLanes() {
 
 void UcxEndpoint::OnError(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* self = static_cast<UcxEndpoint*>(arg);
-  self->Fail(ucx::UcsError(status, absl::StrCat("ucx endpoint to ", self->address_)));
+  self->Fail(ucx::UcsPeerError(status, absl::StrCat("ucx endpoint to ", self->address_)));
 }
 
 void UcxEndpoint::Fail(absl::Status error) {
@@ -340,7 +340,7 @@ class UcxClient {
     } else if (UCS_PTR_IS_ERR(st)) {
       delete hdr;
       Unregister(p->id);
-      Complete(p, ucx::UcsError(UCS_PTR_STATUS(st), "sending a request"));
+      Complete(p, ucx::UcsPeerError(UCS_PTR_STATUS(st), "sending a request"));
     }
   }
 
@@ -560,7 +560,7 @@ class UcxClient {
       if (status == UCS_OK) {
         Decode(c->p);
       } else {
-        Complete(c->p, ucx::UcsError(status, "receiving an element"));
+        Complete(c->p, ucx::UcsPeerError(status, "receiving an element"));
       }
       ucp_request_free(request);
     };
@@ -570,7 +570,7 @@ class UcxClient {
       Decode(p);
     } else if (UCS_PTR_IS_ERR(st)) {
       delete ctx;
-      Complete(p, ucx::UcsError(UCS_PTR_STATUS(st), "ucp_am_recv_data_nbx"));
+      Complete(p, ucx::UcsPeerError(UCS_PTR_STATUS(st), "ucp_am_recv_data_nbx"));
     }
     return UCS_INPROGRESS;
   }

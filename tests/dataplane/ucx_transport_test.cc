@@ -289,6 +289,25 @@ TEST(UcxStatusTest, UcxCodesMapToTheMatchingAbslCodesAndKeepTheNativeCode) {
               ::testing::HasSubstr(absl::StrCat("UCX status ", static_cast<int>(UCS_ERR_CONNECTION_RESET))));
 }
 
+// On a connection, a failure UCX has no better code for is the peer's: a
+// client that connects to a same-host worker just killed fails with
+// UCS_ERR_SHMEM_SEGMENT (its segment is gone), and must move on to other
+// workers as for a reset, not end the iteration (seen in the fault suite).
+TEST(UcxStatusTest, PeerFailuresWithoutABetterCodeAreUnavailable) {
+  using internal::ucx::UcsPeerError;
+  absl::Status shm = UcsPeerError(UCS_ERR_SHMEM_SEGMENT, "ucx endpoint to 127.0.0.1:7000");
+  EXPECT_EQ(shm.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(shm.message()),
+              ::testing::HasSubstr(absl::StrCat("UCX status ", static_cast<int>(UCS_ERR_SHMEM_SEGMENT))));
+  EXPECT_EQ(UcsPeerError(UCS_ERR_NO_PROGRESS, "x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(UcsPeerError(UCS_ERR_CONNECTION_RESET, "x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(UcsPeerError(UCS_ERR_ENDPOINT_TIMEOUT, "x").code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(UcsPeerError(UCS_ERR_CANCELED, "x").code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(UcsPeerError(UCS_ERR_MESSAGE_TRUNCATED, "x").code(), absl::StatusCode::kDataLoss);
+  EXPECT_OK(UcsPeerError(UCS_OK, "x"));
+}
+
 TEST(UcxFallbackTest, UnreachableUcxFallsBackOrFailsAsConfigured) {
   // Nothing listens there: start and stop a server to find a free port.
   std::string address;
