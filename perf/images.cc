@@ -68,39 +68,6 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double SelfCpuSeconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
-         ru.ru_stime.tv_usec * 1e-6;
-}
-
-// utime + stime of process `pid`, all its threads (/proc/<pid>/stat fields 14, 15).
-absl::StatusOr<double> ProcCpuSeconds(int pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/stat");
-  const std::string stat = ReadWholeFile(path);
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  // After "pid (comm)": state is field 3, utime field 14, stime field 15.
-  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
-  if (f.size() < 13) return absl::InternalError(absl::StrCat("unexpected ", path, ": ", stat));
-  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  return (std::strtod(f[11].c_str(), nullptr) + std::strtod(f[12].c_str(), nullptr)) / ticks;
-}
-
-// Peak resident set (VmHWM) of `pid` ("self" for this process), bytes.
-absl::StatusOr<int64_t> ProcPeakRss(const std::string& pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/status");
-  std::istringstream in(ReadWholeFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      return static_cast<int64_t>(std::strtoll(line.c_str() + 6, nullptr, 10)) * 1024;
-    }
-  }
-  return absl::NotFoundError(absl::StrCat("no VmHWM in ", path));
-}
-
 // With `normalize_after_batch` the images stay uint8 [224, 224, 3] through
 // Batch and Normalize runs on the batch (Normalized() below): behind a
 // Distribute, uint8 crosses the wire (a quarter of the bytes) and the client

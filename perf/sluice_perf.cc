@@ -4,6 +4,7 @@
 //   sluice-perf pipeline  [--quick] [--json out.json] [--plot out.png]
 //   sluice-perf engine    [--quick] [--json out.json]
 //   sluice-perf images    [--quick] [--corpus DIR] [--json out.json]
+//   sluice-perf dispatcher [--quick] [--workers N] [--consumers N] [--jobs N] [--json out.json]
 //
 // transport: one client pulls pre-built elements (perf_payload) of each size
 // from worker processes over ucx (UCX_TLS=tcp), ucx (shared memory) and
@@ -17,6 +18,10 @@
 // images: the ImageNet-style JPEG pipeline (image.h) locally and through
 // Distribute, next to torchvision's DataLoader on the same corpus:
 // images/s, CPU per image and peak RSS summed over every process.
+//
+// dispatcher: one sluice-dispatcher process (fault-tolerant, journal on
+// disk) against a simulated fleet of workers and consumers in this process
+// using the real RPCs (dispatcher.cc), and calls/s of the hot RPCs.
 //
 // Process model. UCX reads UCX_TLS once, when the process creates its UCX
 // context, and the client keeps one context per process. So every client
@@ -167,6 +172,39 @@ int Main(int argc, char** argv) {
   images->add_option("--corpus_tool", ia.corpus_tool,
                      "sluice-make-jpeg-corpus (default: next to sluice-perf or in the build tree)");
 
+  DispatcherArgs da;
+  CLI::App* dispatcher = app.add_subcommand(
+      "dispatcher", "one dispatcher against thousands of simulated workers and consumers, and "
+      "calls/s of RegisterDataset, GetOrCreateIteration and GetSplit");
+  AddCommonOptions(dispatcher, &da.common);
+  dispatcher->add_option("--dispatcher_binary", da.dispatcher_binary,
+                         "sluice-dispatcher to measure (default: next to sluice-perf or in the "
+                         "build tree); another build's, to compare");
+  dispatcher->add_option("--workers", da.workers, "simulated workers (default 2000; 200 quick)")
+      ->check(CLI::Range(1, 10000));
+  dispatcher->add_option("--consumers", da.consumers,
+                         "simulated consumers (default 2000; 200 quick)")
+      ->check(CLI::Range(1, 10000));
+  dispatcher->add_option("--jobs", da.jobs,
+                         "distributed_epoch jobs the consumers share (default 200; 20 quick)")
+      ->check(CLI::Range(1, 10000));
+  dispatcher->add_option("--splits_per_worker_s", da.splits_per_worker_s,
+                         "GetSplit fetches per simulated worker per second")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1000.0));
+  dispatcher->add_option("--connections", da.connections,
+                         "gRPC connections the simulated fleet spreads over")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  dispatcher->add_option("--seconds", da.seconds, "fleet measurement (default 60; 10 quick)");
+  dispatcher->add_option("--rate_seconds", da.rate_seconds,
+                         "each calls/s row (default 5; 2 quick)");
+  dispatcher->add_option("--callers", da.callers, "concurrent callers of the calls/s rows")
+      ->delimiter(',')
+      ->capture_default_str();
+  dispatcher->add_flag("--no_rates", da.no_rates, "skip the calls/s rows");
+  dispatcher->add_flag("--no_fleet", da.no_fleet, "skip the fleet simulation");
+
   // Internal: one sluice row of `images` (see images.cc).
   ImagesClientOptions io;
   std::string images_out;
@@ -219,6 +257,7 @@ int Main(int argc, char** argv) {
     s = transport->parsed() ? RunTransport(ta, command)
         : engine->parsed()  ? RunEngine(ea, command)
         : images->parsed()  ? RunImages(ia, command)
+        : dispatcher->parsed() ? RunDispatcher(da, command)
                             : RunPipeline(pa, command);
   }
   if (!s.ok()) {

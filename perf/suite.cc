@@ -1,6 +1,7 @@
 #include "perf/suite.h"
 
 #include <limits.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,13 +11,62 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "sluice/core/status.h"
 
 namespace sluice::perf {
+
+// ---- process accounting -------------------------------------------------------
+
+double SelfCpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec * 1e-6;
+}
+
+absl::StatusOr<double> ProcCpuSeconds(int pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  const std::string stat = ReadWholeFile(path);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  // After "pid (comm)": state is field 3, utime field 14, stime field 15.
+  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+  if (f.size() < 13) return absl::InternalError(absl::StrCat("unexpected ", path, ": ", stat));
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return (std::strtod(f[11].c_str(), nullptr) + std::strtod(f[12].c_str(), nullptr)) / ticks;
+}
+
+namespace {
+// The number after `key` on the first line of `path` that starts with it,
+// times `scale`.
+absl::StatusOr<int64_t> ProcField(const std::string& path, const std::string& key,
+                                  int64_t scale) {
+  std::istringstream in(ReadWholeFile(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) {
+      return static_cast<int64_t>(std::strtoll(line.c_str() + key.size(), nullptr, 10)) * scale;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no ", key, " in ", path));
+}
+}  // namespace
+
+absl::StatusOr<int64_t> ProcPeakRss(const std::string& pid) {
+  return ProcField(absl::StrCat("/proc/", pid, "/status"), "VmHWM:", 1024);
+}
+absl::StatusOr<int64_t> ProcRss(const std::string& pid) {
+  return ProcField(absl::StrCat("/proc/", pid, "/status"), "VmRSS:", 1024);
+}
+absl::StatusOr<int64_t> ProcWriteBytes(int pid) {
+  return ProcField(absl::StrCat("/proc/", pid, "/io"), "write_bytes:", 1);
+}
 
 // ---- locating the binaries --------------------------------------------------
 

@@ -83,6 +83,16 @@ absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpe
                                       double timeout_s);
 
 absl::Status WriteFile(const std::string& path, const std::string& text);
+
+// Process accounting from /proc. CPU: utime + stime of every thread, seconds
+// (SelfCpuSeconds: getrusage of this process). Peak (VmHWM) and current
+// (VmRSS) resident set of `pid` ("self" for this process), bytes. Bytes the
+// process caused to be written to storage (/proc/<pid>/io write_bytes).
+double SelfCpuSeconds();
+absl::StatusOr<double> ProcCpuSeconds(int pid);
+absl::StatusOr<int64_t> ProcPeakRss(const std::string& pid);
+absl::StatusOr<int64_t> ProcRss(const std::string& pid);
+absl::StatusOr<int64_t> ProcWriteBytes(int pid);
 // A flat one-line JSON object ({"k": 1.5, "s": "word", ...}, as the Python
 // children print) as a Record: numbers and strings as their text, true/false
 // as 1/0, null as "nan". Nested values are skipped. Empty if not an object.
@@ -132,6 +142,22 @@ struct TransportArgs {
   int torch_workers = 2;          // DataLoader num_workers
 };
 absl::Status RunTransport(const TransportArgs& args, const std::string& command);
+
+struct DispatcherArgs {
+  CommonArgs common;
+  std::string dispatcher_binary;  // empty: next to sluice-perf or in the build tree
+  int workers = 0;                // 0: by mode (2000; 200 quick)
+  int consumers = 0;              // likewise
+  int jobs = 0;                   // 0: by mode (200; 20 quick)
+  double splits_per_worker_s = 1;
+  int connections = 64;           // gRPC connections the simulated fleet shares
+  double seconds = 0;             // fleet measurement (0: 60 s; 10 quick)
+  double rate_seconds = 0;        // each calls/s row (0: 5 s; 2 quick)
+  std::vector<int> callers = {1, 64};
+  bool no_rates = false;
+  bool no_fleet = false;
+};
+absl::Status RunDispatcher(const DispatcherArgs& args, const std::string& command);
 
 struct PipelineArgs {
   CommonArgs common;

@@ -1,0 +1,1073 @@
+// sluice-perf dispatcher: one real dispatcher against a simulated fleet.
+//
+// The dispatcher is the sluice-dispatcher binary in its own process
+// (fault-tolerant mode, journal in the scratch directory), so its CPU time,
+// resident set and disk writes are its own; --dispatcher_binary points at
+// another build (today's main, to measure a change before and after).
+// This process simulates the fleet with the real RPCs and the real
+// defaults, from a few threads (gRPC's callback API):
+//  - workers: a listening TCP socket each (the dispatcher probes a new
+//    worker's address), a WorkerHeartbeat long poll back to back (wait =
+//    heartbeat_interval_ms, 1 s by default, as sluice-worker), and, once the
+//    fleet is up, a split loop: every 1/splits_per_worker_s seconds a
+//    GetSplit fetch for the next of its tasks (round robin), and the split's
+//    completion (report_only) one period later, as a worker's SplitClient
+//    does. A real worker runs its tasks' fetches concurrently; the
+//    simulated one keeps one fetch in flight, so the fleet's split rate is
+//    fixed and the same for every build measured.
+//  - consumers: GetOrCreateIteration of their job (consumers_per_job share
+//    a job_name, distributed_epoch, Range source large enough that no epoch
+//    ends during the run), then a ClientHeartbeat long poll back to back
+//    (wait 1 s, as the client).
+// Latencies are measured where they mean something: a long poll that came
+// back with nothing new was held for its whole wait, so its round trip
+// minus the wait is how late the dispatcher answered ("lateness"); a GetSplit
+// that handed out a split was not held at all.
+// The calls/s rows run RegisterDataset, GetOrCreateIteration and GetSplit
+// in closed loops from 1 and 64 threads against a fresh dispatcher each.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <queue>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "control/service.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "perf/suite.h"
+#include "sluice/core/status.h"
+#include "sluice/dataset/dataset.h"
+
+namespace sluice::perf {
+namespace {
+
+using Stub = proto::DispatcherService::Stub;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double MsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
+}
+
+// ---- the dispatcher process ---------------------------------------------------
+
+struct DispatcherProcess {
+  std::unique_ptr<ChildProcess> child;
+  int port = 0;
+  int metrics_port = 0;
+  std::string work_dir;
+};
+
+absl::StatusOr<DispatcherProcess> StartDispatcher(const std::string& binary,
+                                                  const ScratchDir& scratch,
+                                                  const std::string& name) {
+  DispatcherProcess d;
+  d.work_dir = scratch.File(name + "-journal");
+  const std::string port_file = scratch.File(name + ".port");
+  d.child = std::make_unique<ChildProcess>(name, scratch.File(name + ".log"));
+  SLUICE_RETURN_IF_ERROR(d.child->Start(
+      binary, {"--port", "0", "--port_file", port_file, "--fault_tolerant_mode", "--work_dir",
+               d.work_dir, "--metrics_port", "0"},
+      {{"SLUICE_LOG_LEVEL", "info"}}));
+  SLUICE_ASSIGN_OR_RETURN(d.port, WaitForPortFile(*d.child, port_file, absl::Seconds(30)));
+  // The metrics endpoint's port, from the line the dispatcher logs when it
+  // starts serving ("metrics at http://HOST:PORT/metrics").
+  const std::string log = d.child->LogTail(1 << 16);
+  const size_t at = log.find("/metrics");
+  const size_t colon = at == std::string::npos ? std::string::npos : log.rfind(':', at);
+  if (colon != std::string::npos) {
+    absl::SimpleAtoi(log.substr(colon + 1, at - colon - 1), &d.metrics_port);
+  }
+  if (d.metrics_port == 0) {
+    return absl::InternalError(
+        absl::StrCat("the dispatcher did not log its metrics port: ", d.child->LogTail()));
+  }
+  return d;
+}
+
+// GET http://127.0.0.1:port/metrics, parsed as "name value" lines.
+std::map<std::string, double> ReadMetrics(int port) {
+  std::map<std::string, double> out;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return out;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string text;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[16384];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+    double v = 0;
+    if (f.size() == 2 && absl::SimpleAtod(f[1], &v)) out[std::string(f[0])] = v;
+  }
+  return out;
+}
+
+double Metric(const std::map<std::string, double>& m, const std::string& name, double fallback) {
+  auto it = m.find(name);
+  return it == m.end() ? fallback : it->second;
+}
+
+// What the dispatcher process did over a window.
+struct Usage {
+  double cpu_s = 0;
+  int64_t write_bytes = 0;
+  double journal_records = 0;
+  double journal_syncs = -1;  // -1: the build has no such counter
+};
+
+Usage ReadUsage(const DispatcherProcess& d) {
+  Usage u;
+  u.cpu_s = ProcCpuSeconds(d.child->pid()).value_or(0);
+  u.write_bytes = ProcWriteBytes(d.child->pid()).value_or(0);
+  auto m = ReadMetrics(d.metrics_port);
+  u.journal_records = Metric(m, "sluice_dispatcher_journal_records_total", 0);
+  u.journal_syncs = Metric(m, "sluice_dispatcher_journal_syncs_total", -1);
+  return u;
+}
+
+// fsyncs in a window: the counter when the build has it; before it, the
+// journal synced once per record.
+double Syncs(const Usage& a, const Usage& b) {
+  if (a.journal_syncs >= 0 && b.journal_syncs >= 0) return b.journal_syncs - a.journal_syncs;
+  return b.journal_records - a.journal_records;
+}
+
+std::vector<std::unique_ptr<Stub>> MakeStubs(int port, int connections) {
+  std::vector<std::unique_ptr<Stub>> stubs;
+  for (int i = 0; i < connections; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("sluice.perf.connection", i);  // a connection of its own
+    args.SetMaxReceiveMessageSize(-1);
+    stubs.push_back(proto::DispatcherService::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args)));
+  }
+  return stubs;
+}
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
+}
+
+// A listening socket on 127.0.0.1 for a simulated worker's address (the
+// dispatcher connects once to check that a new worker answers).
+absl::StatusOr<std::pair<int, std::string>> ListenSocket() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::ResourceExhaustedError("socket() failed: raise the open-file limit");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 64) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return absl::InternalError("bind/listen on 127.0.0.1 failed");
+  }
+  return std::make_pair(fd, absl::StrCat("127.0.0.1:", ntohs(a.sin_port)));
+}
+
+// ---- measurements ---------------------------------------------------------------
+
+class Latencies {
+ public:
+  void Add(double ms) {
+    absl::MutexLock l(&mu_);
+    v_.push_back(static_cast<float>(ms));
+  }
+  void Clear() {
+    absl::MutexLock l(&mu_);
+    v_.clear();
+  }
+  // p in [0, 1]; NaN when empty.
+  double Percentile(double p) {
+    absl::MutexLock l(&mu_);
+    if (v_.empty()) return std::nan("");
+    std::vector<float> s = v_;
+    const size_t k = std::min(s.size() - 1, static_cast<size_t>(p * static_cast<double>(s.size())));
+    std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k), s.end());
+    return s[k];
+  }
+  int64_t count() {
+    absl::MutexLock l(&mu_);
+    return static_cast<int64_t>(v_.size());
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<float> v_ ABSL_GUARDED_BY(mu_);
+};
+
+// Runs functions at given times, on one thread.
+class Scheduler {
+ public:
+  Scheduler() : thread_([this] { Loop(); }) {}
+  ~Scheduler() { Stop(); }
+  void At(SteadyClock::time_point when, std::function<void()> fn) {
+    absl::MutexLock l(&mu_);
+    queue_.push(Item{when, seq_++, std::move(fn)});
+    cv_.Signal();
+  }
+  void Now(std::function<void()> fn) { At(SteadyClock::now(), std::move(fn)); }
+  void Stop() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+      cv_.Signal();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Item {
+    SteadyClock::time_point when;
+    uint64_t seq;
+    mutable std::function<void()> fn;
+    bool operator>(const Item& o) const { return when != o.when ? when > o.when : seq > o.seq; }
+  };
+  void Loop() {
+    absl::MutexLock l(&mu_);
+    while (!stop_) {
+      if (queue_.empty()) {
+        cv_.Wait(&mu_);
+        continue;
+      }
+      const auto when = queue_.top().when;
+      if (when > SteadyClock::now()) {
+        cv_.WaitWithDeadline(&mu_, absl::FromChrono(std::chrono::system_clock::now() +
+                                                   (when - SteadyClock::now())));
+        continue;
+      }
+      std::function<void()> fn = std::move(queue_.top().fn);
+      queue_.pop();
+      mu_.Unlock();
+      fn();
+      mu_.Lock();
+    }
+  }
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// ---- the fleet ---------------------------------------------------------------------
+
+struct FleetOptions {
+  int workers = 0;
+  int consumers = 0;
+  int jobs = 0;
+  double splits_per_worker_s = 1;
+  int64_t heartbeat_ms = 1000;
+  int connections = 64;
+  double seconds = 0;
+  double warmup_timeout_s = 300;
+};
+
+struct SimWorker {
+  int index = 0;
+  int fd = -1;
+  std::string address;
+  std::string host;
+  Stub* stub = nullptr;
+  absl::Mutex mu;
+  std::vector<int64_t> tasks ABSL_GUARDED_BY(mu);
+  std::set<int64_t> known ABSL_GUARDED_BY(mu);
+  size_t next ABSL_GUARDED_BY(mu) = 0;
+  bool registered ABSL_GUARDED_BY(mu) = false;
+};
+
+struct SimConsumer {
+  int64_t client_id = 0;
+  int64_t version = -1;  // touched only by its one heartbeat chain
+  Stub* stub = nullptr;
+};
+
+class Fleet {
+ public:
+  Fleet(FleetOptions o, int port) : o_(o), stubs_(MakeStubs(port, o.connections)) {}
+  ~Fleet() {
+    for (auto& w : workers_) {
+      if (w->fd >= 0) close(w->fd);
+    }
+  }
+
+  absl::Status Setup();
+  void StartHeartbeats();
+  void StartSplits();
+  // Stops issuing calls and waits (up to `timeout`) for those in flight.
+  void Stop(absl::Duration timeout);
+
+  int64_t registered() const { return registered_.load(); }
+  int64_t tasks_received() const { return tasks_received_.load(); }
+  int64_t errors() const { return errors_.load(); }
+  std::string last_error() {
+    absl::MutexLock l(&error_mu_);
+    return last_error_;
+  }
+  int64_t worker_heartbeats() const { return worker_heartbeats_.load(); }
+  int64_t client_heartbeats() const { return client_heartbeats_.load(); }
+  int64_t splits() const { return splits_.load(); }
+
+  Latencies worker_late, client_late, get_split, report;
+
+ private:
+  template <typename Req, typename Resp, typename Issue, typename Done>
+  void Call(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done done);
+  void WorkerHeartbeat(SimWorker* w);
+  void FetchSplit(SimWorker* w);
+  void ReportSplit(SimWorker* w, int64_t task, int64_t split);
+  void ClientHeartbeat(SimConsumer* c);
+  void Failed(const grpc::Status& s, const char* what);
+  SteadyClock::duration SplitPeriod() const {
+    return std::chrono::duration_cast<SteadyClock::duration>(
+        std::chrono::duration<double>(1.0 / o_.splits_per_worker_s));
+  }
+
+  const FleetOptions o_;
+  std::vector<std::unique_ptr<Stub>> stubs_;
+  std::vector<std::unique_ptr<SimWorker>> workers_;
+  std::vector<std::unique_ptr<SimConsumer>> consumers_;
+  Scheduler sched_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> registered_{0}, tasks_received_{0}, errors_{0};
+  std::atomic<int64_t> worker_heartbeats_{0}, client_heartbeats_{0}, splits_{0};
+  absl::Mutex error_mu_;
+  std::string last_error_ ABSL_GUARDED_BY(error_mu_);
+};
+
+template <typename Req, typename Resp, typename Issue, typename Done>
+void Fleet::Call(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done done) {
+  struct State {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+    SteadyClock::time_point start;
+  };
+  auto* c = new State;
+  c->req = std::move(req);
+  SetDeadline(&c->ctx, timeout);
+  c->start = SteadyClock::now();
+  in_flight_++;
+  issue(stub->async(), &c->ctx, &c->req, &c->resp, [this, c, done](grpc::Status s) {
+    done(s, c->req, c->resp, MsSince(c->start));
+    delete c;
+    in_flight_--;
+  });
+}
+
+void Fleet::Failed(const grpc::Status& s, const char* what) {
+  if (stopping_) return;
+  errors_++;
+  absl::MutexLock l(&error_mu_);
+  last_error_ = absl::StrCat(what, ": ", s.error_message());
+}
+
+absl::Status Fleet::Setup() {
+  // Datasets, jobs and the consumers' iterations, from 16 threads.
+  std::vector<std::string> dataset_ids(static_cast<size_t>(o_.jobs));
+  std::vector<int64_t> job_ids(static_cast<size_t>(o_.jobs));
+  for (int j = 0; j < o_.jobs; ++j) {
+    Stub* stub = stubs_[static_cast<size_t>(j) % stubs_.size()].get();
+    proto::RegisterDatasetRequest rreq;
+    // A different Range per job: datasets are deduplicated by fingerprint.
+    *rreq.mutable_dataset() = Dataset::Range(j, int64_t{1} << 40).def();
+    proto::RegisterDatasetResponse rresp;
+    grpc::ClientContext rctx;
+    SetDeadline(&rctx, absl::Seconds(30));
+    grpc::Status s = stub->RegisterDataset(&rctx, rreq, &rresp);
+    if (!s.ok()) return absl::InternalError(absl::StrCat("RegisterDataset: ", s.error_message()));
+    proto::GetOrCreateJobRequest jreq;
+    jreq.set_dataset_id(rresp.dataset_id());
+    jreq.set_processing_mode(proto::DISTRIBUTED_EPOCH);
+    jreq.set_job_name(absl::StrCat("fleet-job-", j));
+    proto::GetOrCreateJobResponse jresp;
+    grpc::ClientContext jctx;
+    SetDeadline(&jctx, absl::Seconds(30));
+    s = stub->GetOrCreateJob(&jctx, jreq, &jresp);
+    if (!s.ok()) return absl::InternalError(absl::StrCat("GetOrCreateJob: ", s.error_message()));
+    job_ids[static_cast<size_t>(j)] = jresp.job_id();
+  }
+  consumers_.resize(static_cast<size_t>(o_.consumers));
+  std::atomic<int> next{0};
+  absl::Mutex mu;
+  absl::Status first_error;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&] {
+      for (int i = next++; i < o_.consumers; i = next++) {
+        auto c = std::make_unique<SimConsumer>();
+        c->stub = stubs_[static_cast<size_t>(i) % stubs_.size()].get();
+        proto::GetOrCreateIterationRequest req;
+        req.set_job_id(job_ids[static_cast<size_t>(i % o_.jobs)]);
+        req.set_repetition(0);
+        req.set_consumer_index(-1);
+        proto::GetOrCreateIterationResponse resp;
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, absl::Seconds(60));
+        grpc::Status s = c->stub->GetOrCreateIteration(&ctx, req, &resp);
+        if (!s.ok()) {
+          absl::MutexLock l(&mu);
+          first_error = absl::InternalError(absl::StrCat("GetOrCreateIteration: ", s.error_message()));
+          return;
+        }
+        c->client_id = resp.iteration_client_id();
+        consumers_[static_cast<size_t>(i)] = std::move(c);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  SLUICE_RETURN_IF_ERROR(first_error);
+  for (int i = 0; i < o_.workers; ++i) {
+    auto w = std::make_unique<SimWorker>();
+    w->index = i;
+    SLUICE_ASSIGN_OR_RETURN(auto listen, ListenSocket());
+    w->fd = listen.first;
+    w->address = listen.second;
+    w->host = absl::StrCat("sim-host-", i / 8);
+    w->stub = stubs_[static_cast<size_t>(i) % stubs_.size()].get();
+    workers_.push_back(std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+void Fleet::StartHeartbeats() {
+  // Spread over a second, as a fleet that did not start in one instant.
+  const auto start = SteadyClock::now();
+  for (size_t i = 0; i < consumers_.size(); ++i) {
+    SimConsumer* c = consumers_[i].get();
+    sched_.At(start + std::chrono::microseconds(1000000 * i / consumers_.size()),
+              [this, c] { ClientHeartbeat(c); });
+  }
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    SimWorker* w = workers_[i].get();
+    sched_.At(start + std::chrono::microseconds(1000000 * i / workers_.size()),
+              [this, w] { WorkerHeartbeat(w); });
+  }
+}
+
+void Fleet::StartSplits() {
+  const auto start = SteadyClock::now();
+  const auto period = SplitPeriod();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    SimWorker* w = workers_[i].get();
+    sched_.At(start + period * static_cast<int64_t>(i) / static_cast<int64_t>(workers_.size()),
+              [this, w] { FetchSplit(w); });
+  }
+}
+
+void Fleet::WorkerHeartbeat(SimWorker* w) {
+  if (stopping_) return;
+  proto::WorkerHeartbeatRequest req;
+  req.set_worker_address(w->address);
+  req.set_transfer_address(w->address);
+  req.set_transfer_protocol("grpc");
+  req.set_host_id(w->host);
+  {
+    absl::MutexLock l(&w->mu);
+    req.set_wait_ms(w->registered ? o_.heartbeat_ms : 0);
+    for (int64_t t : w->tasks) req.add_current_tasks(t);
+  }
+  Call<proto::WorkerHeartbeatRequest, proto::WorkerHeartbeatResponse>(
+      w->stub,
+      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::WorkerHeartbeatRequest* q,
+         proto::WorkerHeartbeatResponse* r, std::function<void(grpc::Status)> f) {
+        a->WorkerHeartbeat(ctx, q, r, std::move(f));
+      },
+      std::move(req), absl::Milliseconds(o_.heartbeat_ms) + absl::Seconds(30),
+      [this, w](const grpc::Status& s, const proto::WorkerHeartbeatRequest& q,
+                const proto::WorkerHeartbeatResponse& r, double ms) {
+        if (!s.ok()) {
+          Failed(s, "WorkerHeartbeat");
+          if (!stopping_) {
+            sched_.At(SteadyClock::now() + std::chrono::milliseconds(500),
+                      [this, w] { WorkerHeartbeat(w); });
+          }
+          return;
+        }
+        worker_heartbeats_++;
+        {
+          absl::MutexLock l(&w->mu);
+          if (!w->registered) {
+            w->registered = true;
+            registered_++;
+          }
+          for (const auto& def : r.new_tasks()) {
+            if (w->known.insert(def.task_id()).second) {
+              w->tasks.push_back(def.task_id());
+              tasks_received_++;
+            }
+          }
+          for (int64_t id : r.tasks_to_delete()) {
+            w->known.erase(id);
+            w->tasks.erase(std::remove(w->tasks.begin(), w->tasks.end(), id), w->tasks.end());
+          }
+        }
+        // Held for the whole wait (nothing new): how late the answer came.
+        if (q.wait_ms() > 0 && r.new_tasks().empty() && r.tasks_to_delete().empty() &&
+            ms >= static_cast<double>(q.wait_ms()) - 1) {
+          worker_late.Add(ms - static_cast<double>(q.wait_ms()));
+        }
+        sched_.Now([this, w] { WorkerHeartbeat(w); });
+      });
+}
+
+void Fleet::FetchSplit(SimWorker* w) {
+  if (stopping_) return;
+  sched_.At(SteadyClock::now() + SplitPeriod(), [this, w] { FetchSplit(w); });
+  int64_t task = 0;
+  {
+    absl::MutexLock l(&w->mu);
+    if (w->tasks.empty()) return;
+    task = w->tasks[w->next++ % w->tasks.size()];
+  }
+  proto::GetSplitRequest req;
+  req.set_worker_address(w->address);
+  req.set_task_id(task);
+  req.set_epoch(0);
+  Call<proto::GetSplitRequest, proto::GetSplitResponse>(
+      w->stub,
+      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::GetSplitRequest* q,
+         proto::GetSplitResponse* r, std::function<void(grpc::Status)> f) {
+        a->GetSplit(ctx, q, r, std::move(f));
+      },
+      std::move(req), absl::Seconds(30),
+      [this, w, task](const grpc::Status& s, const proto::GetSplitRequest&,
+                      const proto::GetSplitResponse& r, double ms) {
+        if (!s.ok()) return Failed(s, "GetSplit");
+        if (!r.has_split()) return;
+        splits_++;
+        get_split.Add(ms);
+        const int64_t split = r.split().split_id();
+        sched_.At(SteadyClock::now() + SplitPeriod(),
+                  [this, w, task, split] { ReportSplit(w, task, split); });
+      });
+}
+
+void Fleet::ReportSplit(SimWorker* w, int64_t task, int64_t split) {
+  if (stopping_) return;
+  proto::GetSplitRequest req;
+  req.set_worker_address(w->address);
+  req.set_task_id(task);
+  req.set_epoch(0);
+  req.set_report_only(true);
+  req.add_completed_splits(split);
+  Call<proto::GetSplitRequest, proto::GetSplitResponse>(
+      w->stub,
+      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::GetSplitRequest* q,
+         proto::GetSplitResponse* r, std::function<void(grpc::Status)> f) {
+        a->GetSplit(ctx, q, r, std::move(f));
+      },
+      std::move(req), absl::Seconds(30),
+      [this](const grpc::Status& s, const proto::GetSplitRequest&, const proto::GetSplitResponse&,
+             double ms) {
+        if (!s.ok()) return Failed(s, "GetSplit (report)");
+        report.Add(ms);
+      });
+}
+
+void Fleet::ClientHeartbeat(SimConsumer* c) {
+  if (stopping_) return;
+  proto::ClientHeartbeatRequest req;
+  req.set_iteration_client_id(c->client_id);
+  req.set_known_version(c->version);
+  req.set_wait_ms(c->version < 0 ? 0 : 1000);
+  req.set_current_round(-1);
+  req.set_blocked_round(-1);
+  Call<proto::ClientHeartbeatRequest, proto::ClientHeartbeatResponse>(
+      c->stub,
+      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::ClientHeartbeatRequest* q,
+         proto::ClientHeartbeatResponse* r, std::function<void(grpc::Status)> f) {
+        a->ClientHeartbeat(ctx, q, r, std::move(f));
+      },
+      std::move(req), absl::Seconds(31),
+      [this, c](const grpc::Status& s, const proto::ClientHeartbeatRequest& q,
+                const proto::ClientHeartbeatResponse& r, double ms) {
+        if (!s.ok()) {
+          Failed(s, "ClientHeartbeat");
+          if (!stopping_) {
+            sched_.At(SteadyClock::now() + std::chrono::milliseconds(500),
+                      [this, c] { ClientHeartbeat(c); });
+          }
+          return;
+        }
+        client_heartbeats_++;
+        if (q.wait_ms() > 0 && r.version() == q.known_version() &&
+            ms >= static_cast<double>(q.wait_ms()) - 1) {
+          client_late.Add(ms - static_cast<double>(q.wait_ms()));
+        }
+        c->version = r.version();
+        sched_.Now([this, c] { ClientHeartbeat(c); });
+      });
+}
+
+void Fleet::Stop(absl::Duration timeout) {
+  stopping_ = true;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (in_flight_.load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  sched_.Stop();
+  while (in_flight_.load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+}
+
+// ---- calls/s rows ----------------------------------------------------------------
+
+struct RateRow {
+  std::string op;
+  int callers = 0;
+  double calls_per_s = 0;
+  double p50_ms = 0, p99_ms = 0;
+  double fsyncs_per_s = 0;
+  int64_t errors = 0;
+  std::string error;
+};
+
+// Calls one op in closed loops from `callers` threads for `seconds` against
+// a fresh dispatcher.
+RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std::string& op,
+                int callers, double seconds) {
+  RateRow row;
+  row.op = op;
+  row.callers = callers;
+  auto fail = [&](const absl::Status& s) {
+    row.error = OneLine(s);
+    return row;
+  };
+  auto d = StartDispatcher(binary, scratch, absl::StrCat("rate-", op, "-", callers));
+  if (!d.ok()) return fail(d.status());
+  auto stubs = MakeStubs(d->port, std::min(callers, 16));
+  auto stub_for = [&](int c) { return stubs[static_cast<size_t>(c) % stubs.size()].get(); };
+  auto call_ok = [](grpc::Status s, const char* what) {
+    return s.ok() ? absl::OkStatus()
+                  : absl::InternalError(absl::StrCat(what, ": ", s.error_message()));
+  };
+
+  // Setup for GetOrCreateIteration (a job per caller) and GetSplit (a job,
+  // an iteration and a task per caller, on one simulated worker).
+  std::vector<int64_t> jobs(static_cast<size_t>(callers)), tasks, clients;
+  std::string worker_address;
+  int worker_fd = -1;
+  if (op != "RegisterDataset") {
+    for (int c = 0; c < callers; ++c) {
+      proto::RegisterDatasetRequest rreq;
+      *rreq.mutable_dataset() = Dataset::Range(c, int64_t{1} << 40).def();
+      proto::RegisterDatasetResponse rresp;
+      grpc::ClientContext rctx;
+      SetDeadline(&rctx, absl::Seconds(30));
+      absl::Status s = call_ok(stub_for(c)->RegisterDataset(&rctx, rreq, &rresp), "RegisterDataset");
+      if (!s.ok()) return fail(s);
+      proto::GetOrCreateJobRequest jreq;
+      jreq.set_dataset_id(rresp.dataset_id());
+      jreq.set_processing_mode(op == "GetSplit" ? proto::DISTRIBUTED_EPOCH : proto::PARALLEL_EPOCHS);
+      jreq.set_job_name(absl::StrCat("rate-", c));
+      proto::GetOrCreateJobResponse jresp;
+      grpc::ClientContext jctx;
+      SetDeadline(&jctx, absl::Seconds(30));
+      s = call_ok(stub_for(c)->GetOrCreateJob(&jctx, jreq, &jresp), "GetOrCreateJob");
+      if (!s.ok()) return fail(s);
+      jobs[static_cast<size_t>(c)] = jresp.job_id();
+    }
+  }
+  auto worker_heartbeat = [&](proto::WorkerHeartbeatResponse* resp) {
+    proto::WorkerHeartbeatRequest req;
+    req.set_worker_address(worker_address);
+    req.set_transfer_address(worker_address);
+    req.set_transfer_protocol("grpc");
+    req.set_host_id("sim-host");
+    for (int64_t t : tasks) req.add_current_tasks(t);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(30));
+    return call_ok(stubs[0]->WorkerHeartbeat(&ctx, req, resp), "WorkerHeartbeat");
+  };
+  if (op == "GetSplit") {
+    auto listen = ListenSocket();
+    if (!listen.ok()) return fail(listen.status());
+    worker_fd = listen->first;
+    worker_address = listen->second;
+    proto::WorkerHeartbeatResponse hb;
+    absl::Status s = worker_heartbeat(&hb);  // registers
+    for (int c = 0; c < callers && s.ok(); ++c) {
+      proto::GetOrCreateIterationRequest req;
+      req.set_job_id(jobs[static_cast<size_t>(c)]);
+      req.set_consumer_index(-1);
+      proto::GetOrCreateIterationResponse resp;
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, absl::Seconds(30));
+      s = call_ok(stub_for(c)->GetOrCreateIteration(&ctx, req, &resp), "GetOrCreateIteration");
+      clients.push_back(resp.iteration_client_id());
+    }
+    // The worker learns its tasks, in the order the iterations were made.
+    while (s.ok() && static_cast<int>(tasks.size()) < callers) {
+      proto::WorkerHeartbeatResponse r;
+      s = worker_heartbeat(&r);
+      for (const auto& def : r.new_tasks()) tasks.push_back(def.task_id());
+    }
+    std::sort(tasks.begin(), tasks.end());
+    if (!s.ok()) {
+      close(worker_fd);
+      return fail(s);
+    }
+  }
+  // Keeps the worker and the clients alive while the callers run.
+  std::atomic<bool> done{false};
+  std::thread keepalive;
+  if (op == "GetSplit") {
+    keepalive = std::thread([&] {
+      while (!done) {
+        proto::WorkerHeartbeatResponse r;
+        worker_heartbeat(&r).IgnoreError();
+        for (int64_t id : clients) {
+          proto::ClientHeartbeatRequest req;
+          req.set_iteration_client_id(id);
+          req.set_known_version(-1);
+          req.set_current_round(-1);
+          req.set_blocked_round(-1);
+          proto::ClientHeartbeatResponse resp;
+          grpc::ClientContext ctx;
+          SetDeadline(&ctx, absl::Seconds(10));
+          stubs[0]->ClientHeartbeat(&ctx, req, &resp).ok();
+        }
+        for (int i = 0; i < 10 && !done; ++i) absl::SleepFor(absl::Milliseconds(50));
+      }
+    });
+  }
+
+  Latencies lat;
+  std::atomic<int64_t> calls{0}, errors{0};
+  absl::Mutex err_mu;
+  std::string last_error;
+  const Usage u0 = ReadUsage(*d);
+  const auto start = SteadyClock::now();
+  const auto end = start + std::chrono::duration_cast<SteadyClock::duration>(
+                               std::chrono::duration<double>(seconds));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < callers; ++c) {
+    threads.emplace_back([&, c] {
+      Stub* stub = stub_for(c);
+      int64_t k = 0, held = -1;
+      while (SteadyClock::now() < end) {
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, absl::Seconds(30));
+        const auto t0 = SteadyClock::now();
+        grpc::Status s;
+        if (op == "RegisterDataset") {
+          proto::RegisterDatasetRequest req;
+          *req.mutable_dataset() = Dataset::Range(1000 + c * int64_t{100000000} + k).def();
+          proto::RegisterDatasetResponse resp;
+          s = stub->RegisterDataset(&ctx, req, &resp);
+        } else if (op == "GetOrCreateIteration") {
+          proto::GetOrCreateIterationRequest req;
+          req.set_job_id(jobs[static_cast<size_t>(c)]);
+          req.set_repetition(k);
+          req.set_consumer_index(-1);
+          proto::GetOrCreateIterationResponse resp;
+          s = stub->GetOrCreateIteration(&ctx, req, &resp);
+        } else {
+          // A worker's fetch that reports the split it finished: one split
+          // completed and one created per call.
+          proto::GetSplitRequest req;
+          req.set_worker_address(worker_address);
+          req.set_task_id(tasks[static_cast<size_t>(c)]);
+          req.set_epoch(0);
+          if (held >= 0) req.add_completed_splits(held);
+          proto::GetSplitResponse resp;
+          s = stub->GetSplit(&ctx, req, &resp);
+          if (s.ok()) held = resp.has_split() ? resp.split().split_id() : -1;
+        }
+        ++k;
+        if (!s.ok()) {
+          errors++;
+          absl::MutexLock l(&err_mu);
+          last_error = s.error_message();
+          continue;
+        }
+        calls++;
+        lat.Add(MsSince(t0));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  const Usage u1 = ReadUsage(*d);
+  done = true;
+  if (keepalive.joinable()) keepalive.join();
+  if (worker_fd >= 0) close(worker_fd);
+  row.calls_per_s = static_cast<double>(calls.load()) / secs;
+  row.p50_ms = lat.Percentile(0.5);
+  row.p99_ms = lat.Percentile(0.99);
+  row.fsyncs_per_s = Syncs(u0, u1) / secs;
+  row.errors = errors.load();
+  if (row.errors > 0) row.error = absl::StrCat(row.errors, " call(s) failed, e.g. ", last_error);
+  return row;
+}
+
+}  // namespace
+
+absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) {
+  const bool quick = a.common.quick;
+  const std::string dir = SelfDir();
+  SLUICE_ASSIGN_OR_RETURN(
+      const std::string binary,
+      Locate("the sluice-dispatcher binary", "--dispatcher_binary", a.dispatcher_binary,
+             {dir + "/sluice-dispatcher", dir + "/../tools/sluice-dispatcher",
+              SLUICE_PERF_BUILD_DISPATCHER}));
+  FleetOptions fo;
+  fo.workers = a.workers > 0 ? a.workers : quick ? 200 : 2000;
+  fo.consumers = a.consumers > 0 ? a.consumers : quick ? 200 : 2000;
+  fo.jobs = a.jobs > 0 ? a.jobs : quick ? 20 : 200;
+  fo.splits_per_worker_s = a.splits_per_worker_s;
+  fo.connections = a.connections;
+  fo.seconds = a.seconds > 0 ? a.seconds : quick ? 10 : 60;
+  const double rate_seconds = a.rate_seconds > 0 ? a.rate_seconds : quick ? 2 : 5;
+  if (fo.jobs > fo.consumers) {
+    return absl::InvalidArgumentError(absl::StrCat("--jobs ", fo.jobs, " > --consumers ",
+                                                   fo.consumers, ": every job needs a consumer"));
+  }
+  const MachineInfo machine = DescribeMachine();
+  SLUICE_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Create("sluice_perf_dispatcher"));
+  if (a.common.keep_logs) scratch.Keep();
+  bool any_failed = false;
+
+  // calls/s
+  std::vector<RateRow> rates;
+  if (!a.no_rates) {
+    const std::vector<std::string> ops = {"RegisterDataset", "GetOrCreateIteration", "GetSplit"};
+    Progress progress("dispatcher calls/s", static_cast<int>(ops.size() * a.callers.size()));
+    for (const auto& op : ops) {
+      for (int callers : a.callers) {
+        progress.Step(absl::StrCat(op, ", ", callers, " caller(s)"));
+        rates.push_back(RunRate(binary, scratch, op, callers, rate_seconds));
+        if (!rates.back().error.empty()) {
+          std::fprintf(stderr, "\nsluice-perf: dispatcher %s x%d: %s\n", op.c_str(), callers,
+                       rates.back().error.c_str());
+          any_failed = true;
+        }
+      }
+    }
+    progress.Finish();
+  }
+
+  // The fleet.
+  struct FleetResult {
+    bool ran = false;
+    std::string error;
+    double setup_s = 0, warmup_s = 0, seconds = 0;
+    int64_t registered = 0, tasks = 0;
+    double cpu_cores = 0, sim_cpu_cores = 0;
+    int64_t rss = 0, peak_rss = 0;
+    double journal_bytes_per_s = 0, records_per_s = 0, fsyncs_per_s = 0;
+    double worker_hb_per_s = 0, client_hb_per_s = 0, splits_per_s = 0;
+    double wl[3] = {0, 0, 0}, cl[3] = {0, 0, 0}, gs[3] = {0, 0, 0}, rp[3] = {0, 0, 0};
+    int64_t errors = 0;
+    std::string last_error;
+  } fr;
+  if (!a.no_fleet) {
+    auto d = StartDispatcher(binary, scratch, "fleet");
+    if (!d.ok()) {
+      fr.error = OneLine(d.status());
+    } else {
+      fr.ran = true;
+      Fleet fleet(fo, d->port);
+      const auto t0 = SteadyClock::now();
+      std::fprintf(stderr, "fleet: %d workers, %d consumers, %d jobs: registering the jobs\n",
+                   fo.workers, fo.consumers, fo.jobs);
+      absl::Status s = fleet.Setup();
+      fr.setup_s = MsSince(t0) / 1000;
+      if (!s.ok()) {
+        fr.error = OneLine(s);
+      } else {
+        fleet.StartHeartbeats();
+        const int64_t want_tasks = int64_t{fo.workers} * fo.jobs;
+        const auto w0 = SteadyClock::now();
+        double last_print = 0;
+        while (fleet.registered() < fo.workers || fleet.tasks_received() < want_tasks) {
+          const double el = MsSince(w0) / 1000;
+          if (el > fo.warmup_timeout_s) {
+            fr.error = absl::StrCat("warm-up: after ", fo.warmup_timeout_s, " s, ",
+                                    fleet.registered(), " of ", fo.workers, " workers registered, ",
+                                    fleet.tasks_received(), " of ", want_tasks,
+                                    " tasks delivered; last error: ", fleet.last_error());
+            break;
+          }
+          if (el - last_print >= 5) {
+            last_print = el;
+            std::fprintf(stderr, "fleet: warm-up %.0f s: %lld/%d workers, %lld/%lld tasks\n", el,
+                         static_cast<long long>(fleet.registered()), fo.workers,
+                         static_cast<long long>(fleet.tasks_received()),
+                         static_cast<long long>(want_tasks));
+          }
+          absl::SleepFor(absl::Milliseconds(100));
+        }
+        fr.warmup_s = MsSince(w0) / 1000;
+        fr.registered = fleet.registered();
+        fr.tasks = fleet.tasks_received();
+        if (fr.error.empty()) {
+          fleet.StartSplits();
+          absl::SleepFor(absl::Seconds(2));  // the split loops reach their rate
+          for (Latencies* l : {&fleet.worker_late, &fleet.client_late, &fleet.get_split,
+                               &fleet.report}) {
+            l->Clear();
+          }
+          const Usage u0 = ReadUsage(*d);
+          const double sim0 = SelfCpuSeconds();
+          const int64_t whb0 = fleet.worker_heartbeats(), chb0 = fleet.client_heartbeats(),
+                        sp0 = fleet.splits(), e0 = fleet.errors();
+          const auto m0 = SteadyClock::now();
+          for (double el = 0; el < fo.seconds; el = MsSince(m0) / 1000) {
+            absl::SleepFor(absl::Milliseconds(std::min(5000.0, (fo.seconds - el) * 1000)));
+            std::fprintf(stderr, "fleet: measuring %.0f/%.0f s, %lld splits, %lld errors\n",
+                         MsSince(m0) / 1000, fo.seconds,
+                         static_cast<long long>(fleet.splits() - sp0),
+                         static_cast<long long>(fleet.errors() - e0));
+          }
+          const double secs = MsSince(m0) / 1000;
+          const Usage u1 = ReadUsage(*d);
+          fr.seconds = secs;
+          fr.cpu_cores = (u1.cpu_s - u0.cpu_s) / secs;
+          fr.sim_cpu_cores = (SelfCpuSeconds() - sim0) / secs;
+          fr.rss = ProcRss(absl::StrCat(d->child->pid())).value_or(0);
+          fr.peak_rss = ProcPeakRss(absl::StrCat(d->child->pid())).value_or(0);
+          fr.journal_bytes_per_s = static_cast<double>(u1.write_bytes - u0.write_bytes) / secs;
+          fr.records_per_s = (u1.journal_records - u0.journal_records) / secs;
+          fr.fsyncs_per_s = Syncs(u0, u1) / secs;
+          fr.worker_hb_per_s = static_cast<double>(fleet.worker_heartbeats() - whb0) / secs;
+          fr.client_hb_per_s = static_cast<double>(fleet.client_heartbeats() - chb0) / secs;
+          fr.splits_per_s = static_cast<double>(fleet.splits() - sp0) / secs;
+          const double ps[3] = {0.5, 0.99, 0.999};
+          for (int i = 0; i < 3; ++i) {
+            fr.wl[i] = fleet.worker_late.Percentile(ps[i]);
+            fr.cl[i] = fleet.client_late.Percentile(ps[i]);
+            fr.gs[i] = fleet.get_split.Percentile(ps[i]);
+            fr.rp[i] = fleet.report.Percentile(ps[i]);
+          }
+          fr.errors = fleet.errors() - e0;
+          fr.last_error = fleet.last_error();
+        }
+      }
+      d->child->KillAndReap();  // fails the long polls in flight at once
+      fleet.Stop(absl::Seconds(30));
+    }
+    if (!fr.error.empty()) {
+      std::fprintf(stderr, "sluice-perf: dispatcher fleet: %s\n", fr.error.c_str());
+      any_failed = true;
+    }
+  }
+
+  // The report.
+  std::printf("sluice-perf dispatcher%s: one sluice-dispatcher process (fault-tolerant, journal "
+              "fsync'd, %s)\n",
+              quick ? " --quick" : "", binary.c_str());
+  std::printf("machine: %s\n", machine.Describe().c_str());
+  Report report;
+  report.mode = "dispatcher";
+  report.command = command;
+  report.machine = machine;
+  if (!rates.empty()) {
+    std::printf("\ncalls/s, closed loop, a fresh dispatcher per row (GetSplit: each call reports "
+                "the caller's last split completed and takes a new one)\n");
+    std::printf("%-22s %7s %10s %9s %9s %10s\n", "op", "callers", "calls/s", "p50 ms", "p99 ms",
+                "fsyncs/s");
+    std::vector<std::string> js;
+    for (const auto& r : rates) {
+      std::printf("%-22s %7d %10s %9s %9s %10s%s\n", r.op.c_str(), r.callers,
+                  Count(r.calls_per_s).c_str(), Num(r.p50_ms).c_str(), Num(r.p99_ms).c_str(),
+                  Count(r.fsyncs_per_s).c_str(), r.error.empty() ? "" : "  (errors)");
+      JsonObject j;
+      j.Add("op", r.op).Add("callers", r.callers).Add("calls_per_s", r.calls_per_s);
+      j.Add("p50_ms", r.p50_ms).Add("p99_ms", r.p99_ms).Add("fsyncs_per_s", r.fsyncs_per_s);
+      j.Add("error", r.error);
+      js.push_back(j.str());
+    }
+    report.sections.emplace_back("rates", std::move(js));
+  }
+  if (fr.ran) {
+    std::printf("\nfleet: %d workers, %d consumers, %d jobs (distributed_epoch, %d consumers "
+                "each), %.3g split(s)/s per worker, heartbeats every %lld ms, %d connections\n",
+                fo.workers, fo.consumers, fo.jobs, fo.consumers / fo.jobs, fo.splits_per_worker_s,
+                static_cast<long long>(fo.heartbeat_ms), fo.connections);
+    std::printf("  setup %.1f s, warm-up %.1f s (%lld workers registered, %lld tasks delivered)\n",
+                fr.setup_s, fr.warmup_s, static_cast<long long>(fr.registered),
+                static_cast<long long>(fr.tasks));
+    if (fr.seconds > 0) {
+      std::printf("  measured %.0f s: dispatcher %.2f cores (simulator %.2f), RSS %.0f MiB "
+                  "(peak %.0f MiB)\n",
+                  fr.seconds, fr.cpu_cores, fr.sim_cpu_cores, static_cast<double>(fr.rss) / kMiB,
+                  static_cast<double>(fr.peak_rss) / kMiB);
+      std::printf("  journal: %s records/s, %s fsyncs/s, %.2f MiB/s written to disk\n",
+                  Count(fr.records_per_s).c_str(), Count(fr.fsyncs_per_s).c_str(),
+                  fr.journal_bytes_per_s / kMiB);
+      std::printf("  calls: %s worker heartbeats/s, %s client heartbeats/s, %s splits/s\n",
+                  Count(fr.worker_hb_per_s).c_str(), Count(fr.client_hb_per_s).c_str(),
+                  Count(fr.splits_per_s).c_str());
+      std::printf("  %-34s %9s %9s %9s\n", "ms", "p50", "p99", "p99.9");
+      auto line = [](const char* what, const double* v) {
+        std::printf("  %-34s %9s %9s %9s\n", what, Num(v[0]).c_str(), Num(v[1]).c_str(),
+                    Num(v[2]).c_str());
+      };
+      line("worker heartbeat lateness", fr.wl);
+      line("client heartbeat lateness", fr.cl);
+      line("GetSplit (a split handed out)", fr.gs);
+      line("GetSplit report_only", fr.rp);
+      std::printf("  errors: %lld%s%s\n", static_cast<long long>(fr.errors),
+                  fr.errors > 0 ? ", e.g. " : "", fr.errors > 0 ? fr.last_error.c_str() : "");
+    }
+    JsonObject j;
+    j.Add("workers", fo.workers).Add("consumers", fo.consumers).Add("jobs", fo.jobs);
+    j.Add("splits_per_worker_s", fo.splits_per_worker_s).Add("connections", fo.connections);
+    j.Add("setup_s", fr.setup_s).Add("warmup_s", fr.warmup_s).Add("seconds", fr.seconds);
+    j.Add("registered", fr.registered).Add("tasks", fr.tasks);
+    j.Add("dispatcher_cores", fr.cpu_cores).Add("simulator_cores", fr.sim_cpu_cores);
+    j.Add("rss_bytes", fr.rss).Add("peak_rss_bytes", fr.peak_rss);
+    j.Add("journal_records_per_s", fr.records_per_s).Add("fsyncs_per_s", fr.fsyncs_per_s);
+    j.Add("journal_bytes_per_s", fr.journal_bytes_per_s);
+    j.Add("worker_heartbeats_per_s", fr.worker_hb_per_s);
+    j.Add("client_heartbeats_per_s", fr.client_hb_per_s).Add("splits_per_s", fr.splits_per_s);
+    const char* pn[3] = {"p50", "p99", "p999"};
+    for (int i = 0; i < 3; ++i) {
+      j.Add(absl::StrCat("worker_heartbeat_lateness_ms_", pn[i]), fr.wl[i]);
+      j.Add(absl::StrCat("client_heartbeat_lateness_ms_", pn[i]), fr.cl[i]);
+      j.Add(absl::StrCat("get_split_ms_", pn[i]), fr.gs[i]);
+      j.Add(absl::StrCat("report_ms_", pn[i]), fr.rp[i]);
+    }
+    j.Add("errors", fr.errors).Add("error", fr.error);
+    report.fields.emplace_back("fleet", j.str());
+    report.notes.push_back(
+        "targets (issue: control plane v2): with 2,000 workers and 2,000 consumers the dispatcher "
+        "under 1 core, heartbeat p99 under 50 ms, GetSplit p99 under 10 ms; GetSplit with 64 "
+        "callers at least 10x today's main (run --dispatcher_binary with a build of it)");
+    report.notes.push_back(
+        "the simulator shares this machine's cpus with the dispatcher: on a small machine its "
+        "own CPU (shown) competes with the dispatcher's");
+  }
+  return FinishRun(a.common, report, any_failed, scratch);
+}
+
+}  // namespace sluice::perf
