@@ -153,17 +153,41 @@ absl::Duration DispatcherImpl::MaxClientWait() const {
   return absl::Milliseconds(config_.client_timeout_ms) / kLongPollTimeoutFraction;
 }
 
-bool DispatcherImpl::AwaitLocked(const absl::Condition& cond, absl::Duration timeout,
-                                 const IsCancelled& cancelled) {
+bool DispatcherImpl::AwaitLocked(const PollKey& key, const std::function<bool()>& ready,
+                                 absl::Duration timeout, const IsCancelled& cancelled) {
+  std::shared_ptr<absl::CondVar>& slot = polls_[key];
+  if (slot == nullptr) slot = std::make_shared<absl::CondVar>();
+  const std::shared_ptr<absl::CondVar> cv = slot;
   const absl::Time deadline = absl::Now() + timeout;
+  bool result = true;
   while (true) {
-    if (cancelled && cancelled()) return false;
-    absl::Duration slice = deadline - absl::Now();
-    if (cancelled) slice = std::min(slice, kCancelCheckInterval);
-    if (slice <= absl::ZeroDuration() || mu_.AwaitWithTimeout(cond, slice)) {
-      return !(cancelled && cancelled());
+    if (cancelled && cancelled()) {
+      result = false;
+      break;
     }
+    if (shutdown_ || ready()) break;
+    absl::Duration slice = deadline - absl::Now();
+    if (slice <= absl::ZeroDuration()) break;
+    if (cancelled) slice = std::min(slice, kCancelCheckInterval);
+    cv->WaitWithTimeout(&mu_, slice);
   }
+  if (cv.use_count() == 2) polls_.erase(key);  // the map's and ours: no other poll waits on it
+  return result;
+}
+
+void DispatcherImpl::WakeLocked(const PollKey& key) {
+  auto it = polls_.find(key);
+  if (it != polls_.end()) it->second->SignalAll();
+}
+
+void DispatcherImpl::BumpVersionLocked(Iteration& it) {
+  ++it.version;
+  WakeLocked(VersionKey(it.id));
+}
+
+void DispatcherImpl::BumpSplitVersionLocked(Iteration& it) {
+  ++it.split_version;
+  WakeLocked(SplitsKey(it.id));
 }
 
 absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRequest& req) {
@@ -191,6 +215,7 @@ absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRe
 void DispatcherImpl::Shutdown() {
   absl::MutexLock l(&mu_);
   shutdown_ = true;
+  for (auto& [key, cv] : polls_) cv->SignalAll();
 }
 
 // ---- journal ------------------------------------------------------------------
@@ -207,40 +232,101 @@ absl::Status MustExist(const Map& m, const Key& key, absl::string_view what) {
 
 absl::Status DispatcherImpl::RecordLocked(const proto::JournalRecord& rec) {
   if (rec.updates_size() == 0) return absl::OkStatus();
+  std::string bytes;
   if (journal_ != nullptr) {
-    std::string bytes;
+    SLUICE_RETURN_IF_ERROR(journal_error_);
     if (!rec.SerializeToString(&bytes)) {
       return absl::InternalError("dispatcher journal: cannot serialize a state change");
     }
-    absl::Status s = journal_->Append(bytes);
-    if (!s.ok()) {
-      spdlog::error("dispatcher: journal append failed, the change is not made: {}",
-                    std::string(s.message()));
+    if (bytes.size() > kMaxRecordBytes) {
       return absl::UnavailableError(absl::StrCat(
-          "the dispatcher cannot journal this change (", s.message(), "); retry later"));
+          "the dispatcher cannot journal this change (a record of ", bytes.size(),
+          " bytes exceeds the journal's limit of ", kMaxRecordBytes, " bytes)"));
     }
-    ++stats_.journal_records;
-    ++records_in_journal_;
   }
   for (const proto::JournalUpdate& u : rec.updates()) {
     absl::Status s = ApplyLocked(u);
     if (!s.ok()) {
-      // Journaled but inconsistent with the state: a bug, and a replay
-      // would stop at this record.
+      // Inconsistent with the state: a bug (and a replay would stop at this
+      // record, so it is not journaled).
       spdlog::error("dispatcher: cannot apply a state change: {}", std::string(s.message()));
       return absl::InternalError(absl::StrCat("dispatcher state change failed: ", s.message()));
     }
   }
-  if (journal_ != nullptr &&
-      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_)) {
-    absl::Status s = CompactLocked();
-    if (!s.ok()) {
-      // The change itself is durable; the journal just stays long.
-      spdlog::warn("dispatcher: journal compaction failed: {}", std::string(s.message()));
-      records_in_last_snapshot_ = records_in_journal_;  // do not retry at every change
-    }
+  if (journal_ != nullptr) {
+    journal_queue_.push_back(std::move(bytes));
+    ++journal_applied_;
+    ++stats_.journal_records;
+    ++records_in_journal_;
   }
   return absl::OkStatus();
+}
+
+absl::Status DispatcherImpl::AwaitDurable(absl::Status reply) {
+  absl::MutexLock l(&mu_);
+  if (journal_ == nullptr) return reply;
+  const int64_t target = journal_applied_;
+  while (journal_durable_ < target && journal_error_.ok()) {
+    if (journal_writing_) {
+      journal_cv_.Wait(&mu_);
+    } else {
+      WriteJournalLocked();
+    }
+  }
+  if (!journal_error_.ok()) return journal_error_;
+  return reply;
+}
+
+void DispatcherImpl::WriteJournalLocked() {
+  journal_writing_ = true;
+  std::vector<std::string> batch;
+  batch.swap(journal_queue_);
+  const int64_t upto = journal_applied_;
+  // The snapshot holds every change applied so far, the batch's included.
+  const bool compact =
+      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_);
+  std::vector<std::string> snapshot;
+  if (compact) snapshot = SnapshotLocked();
+  JournalWriter* journal = journal_.get();
+  const uint64_t bytes_before = journal->size();
+  mu_.Unlock();
+  absl::Status compacted = absl::UnknownError("not compacted");
+  if (compact) compacted = journal->Rewrite(snapshot);
+  if (compact && !compacted.ok()) {
+    // The batch is still to be written; the journal just stays long.
+    spdlog::warn("dispatcher: journal compaction failed: {}", std::string(compacted.message()));
+  }
+  const absl::Status written = compacted.ok() ? absl::OkStatus() : journal->AppendBatch(batch);
+  mu_.Lock();
+  journal_writing_ = false;
+  stats_.journal_syncs = journal->syncs();
+  if (compact) {
+    if (compacted.ok()) {
+      CompactedLocked(snapshot.size(), bytes_before);
+      records_in_journal_ += journal_applied_ - upto;  // queued while the snapshot was written
+    } else {
+      records_in_last_snapshot_ = records_in_journal_;  // do not retry at every write
+    }
+  }
+  if (written.ok()) {
+    journal_durable_ = upto;
+  } else {
+    spdlog::error("dispatcher: journal write failed; no further change is accepted and every "
+                  "request fails until the dispatcher is restarted (it replays its journal): {}",
+                  std::string(written.message()));
+    journal_error_ = absl::UnavailableError(absl::StrCat(
+        "the dispatcher cannot journal changes (", written.message(),
+        "); it must be restarted, retry later"));
+  }
+  journal_cv_.SignalAll();
+}
+
+void DispatcherImpl::CompactedLocked(size_t records, uint64_t bytes_before) {
+  spdlog::info("dispatcher: journal compacted from {} records ({} bytes) to a snapshot of {} "
+               "records ({} bytes)",
+               records_in_journal_, bytes_before, records, journal_->size());
+  records_in_journal_ = records_in_last_snapshot_ = static_cast<int64_t>(records);
+  ++stats_.journal_compactions;
 }
 
 void DispatcherImpl::SetCompactionMinRecords(int64_t min_records) {
@@ -248,22 +334,92 @@ void DispatcherImpl::SetCompactionMinRecords(int64_t min_records) {
   compaction_min_records_ = std::max<int64_t>(1, min_records);
 }
 
+void DispatcherImpl::SetJournalFaultHookForTesting(
+    std::function<void(JournalWriter::Stage)> hook) {
+  absl::MutexLock l(&mu_);
+  while (journal_writing_) journal_cv_.Wait(&mu_);
+  if (journal_ != nullptr) journal_->SetFaultHookForTesting(std::move(hook));
+}
+
 absl::Status DispatcherImpl::CompactJournal() {
   absl::MutexLock l(&mu_);
   if (journal_ == nullptr) return absl::FailedPreconditionError("no journal is open");
+  while (journal_writing_) journal_cv_.Wait(&mu_);
+  SLUICE_RETURN_IF_ERROR(journal_error_);
   return CompactLocked();
 }
 
 absl::Status DispatcherImpl::CompactLocked() {
+  // No writer runs (the caller made sure): the snapshot replaces the
+  // journal and everything queued.
   std::vector<std::string> records = SnapshotLocked();
   const uint64_t before = journal_->size();
   SLUICE_RETURN_IF_ERROR(journal_->Rewrite(records));
-  spdlog::info("dispatcher: journal compacted from {} records ({} bytes) to a snapshot of {} "
-               "records ({} bytes)",
-               records_in_journal_, before, records.size(), journal_->size());
-  records_in_journal_ = records_in_last_snapshot_ = static_cast<int64_t>(records.size());
-  ++stats_.journal_compactions;
+  journal_queue_.clear();
+  journal_durable_ = journal_applied_;
+  stats_.journal_syncs = journal_->syncs();
+  CompactedLocked(records.size(), before);
   return absl::OkStatus();
+}
+
+// ---- the RPCs: each returns once what it saw is durable ------------------------
+
+absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
+                                             proto::WorkerHeartbeatResponse* resp,
+                                             const IsCancelled& cancelled) {
+  return AwaitDurable(WorkerHeartbeatUnsynced(req, resp, cancelled));
+}
+absl::Status DispatcherImpl::WorkerUpdate(const proto::WorkerUpdateRequest& req,
+                                          proto::WorkerUpdateResponse* resp) {
+  return AwaitDurable(WorkerUpdateUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::RegisterDataset(const proto::RegisterDatasetRequest& req,
+                                             proto::RegisterDatasetResponse* resp) {
+  return AwaitDurable(RegisterDatasetUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::GetDatasetDef(const proto::GetDatasetDefRequest& req,
+                                           proto::GetDatasetDefResponse* resp) {
+  return AwaitDurable(GetDatasetDefUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& req,
+                                            proto::GetOrCreateJobResponse* resp) {
+  return AwaitDurable(GetOrCreateJobUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterationRequest& req,
+                                                  proto::GetOrCreateIterationResponse* resp) {
+  return AwaitDurable(GetOrCreateIterationUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest& req,
+                                             proto::ClientHeartbeatResponse* resp,
+                                             const IsCancelled& cancelled) {
+  return AwaitDurable(ClientHeartbeatUnsynced(req, resp, cancelled));
+}
+absl::Status DispatcherImpl::ReleaseIterationClient(
+    const proto::ReleaseIterationClientRequest& req, proto::ReleaseIterationClientResponse* resp) {
+  return AwaitDurable(ReleaseIterationClientUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::GetWorkers(const proto::GetWorkersRequest& req,
+                                        proto::GetWorkersResponse* resp) {
+  return AwaitDurable(GetWorkersUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::GetDataServiceMetadata(
+    const proto::GetDataServiceMetadataRequest& req, proto::GetDataServiceMetadataResponse* resp) {
+  return AwaitDurable(GetDataServiceMetadataUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::GetDataServiceConfig(const proto::GetDataServiceConfigRequest& req,
+                                                  proto::GetDataServiceConfigResponse* resp) {
+  return AwaitDurable(GetDataServiceConfigUnsynced(req, resp));
+}
+absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
+                                      proto::GetSplitResponse* resp,
+                                      const IsCancelled& cancelled) {
+  return AwaitDurable(GetSplitUnsynced(req, resp, cancelled));
+}
+void DispatcherImpl::Tick() {
+  TickUnsynced();
+  // Nobody waits for what Tick changed (lost workers, collected
+  // iterations); write it now rather than with the next request.
+  AwaitDurable(absl::OkStatus()).IgnoreError();
 }
 
 std::vector<std::string> DispatcherImpl::SnapshotLocked() {
@@ -440,7 +596,7 @@ absl::Status DispatcherImpl::ApplySplitProviderStateLocked(
     }
     next_id_ = std::max(next_id_, id + 1);
   }
-  ++it.split_version;
+  BumpSplitVersionLocked(it);
   return absl::OkStatus();
 }
 
@@ -545,7 +701,7 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       Iteration& it = iterations_.at(r.iteration_id());
       if (it.error.ok()) {
         it.error = FromProto(r.error());
-        ++it.version;
+        BumpVersionLocked(it);
       }
       return absl::OkStatus();
     }
@@ -586,6 +742,8 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
       SLUICE_RETURN_IF_ERROR(MustExist(jobs_, id, "job"));
       const Job& job = jobs_.at(id);
       for (const auto& [rep, iteration_id] : job.iteration_by_repetition) {
+        WakeLocked(VersionKey(iteration_id));
+        WakeLocked(SplitsKey(iteration_id));
         iterations_.erase(iteration_id);
       }
       if (!job.name.empty()) job_by_name_.erase(job.name);
@@ -620,7 +778,7 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
                                it.pending_tasks.end());
       }
       it.ready_consumers.clear();
-      ++it.version;
+      BumpVersionLocked(it);
       return absl::OkStatus();
     }
     case proto::JournalUpdate::kRequeueSplits: {
@@ -809,10 +967,11 @@ absl::Status DispatcherImpl::CreateTaskLocked(const proto::CreateTaskUpdate& u) 
     it.pending_tasks.push_back(t.id);
   }
   w.pending_new.push_back(std::move(def));
+  WakeLocked(WorkerKey(w.address));
   w.tasks.insert(t.id);
   it.tasks.insert(t.id);
   it.finished = false;  // a late joiner's task runs
-  ++it.version;
+  BumpVersionLocked(it);
   next_id_ = std::max(next_id_, t.id + 1);
   tasks_.emplace(t.id, std::move(t));
   return absl::OkStatus();
@@ -868,7 +1027,7 @@ void DispatcherImpl::FinishTaskLocked(Task& t, bool lost) {
   ReleaseSplitsLocked(t, /*requeue=*/lost);
   auto it = iterations_.find(t.iteration_id);
   if (it == iterations_.end()) return;
-  ++it->second.version;
+  BumpVersionLocked(it->second);
   UpdateFinishedLocked(it->second);
 }
 
@@ -901,10 +1060,10 @@ void DispatcherImpl::UpdateFinishedLocked(Iteration& it) {
     return;
   }
   it.finished = true;
-  ++it.version;
+  BumpVersionLocked(it);
 }
 
-absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest& req,
+absl::Status DispatcherImpl::WorkerHeartbeatUnsynced(const proto::WorkerHeartbeatRequest& req,
                                              proto::WorkerHeartbeatResponse* resp,
                                              const IsCancelled& cancelled) {
   if (req.worker_address().empty()) {
@@ -1030,7 +1189,7 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   };
   const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), MaxWorkerWait());
   if (wait > absl::ZeroDuration() && !has_news() &&
-      !AwaitLocked(absl::Condition(&has_news), wait, cancelled)) {
+      !AwaitLocked(WorkerKey(addr), has_news, wait, cancelled)) {
     // The worker went away: no reply reaches it, and its liveness runs
     // from this request's arrival only.
     return absl::CancelledError("WorkerHeartbeat: the caller went away");
@@ -1056,7 +1215,7 @@ absl::Status DispatcherImpl::WorkerHeartbeat(const proto::WorkerHeartbeatRequest
   return absl::OkStatus();
 }
 
-absl::Status DispatcherImpl::WorkerUpdate(const proto::WorkerUpdateRequest& req,
+absl::Status DispatcherImpl::WorkerUpdateUnsynced(const proto::WorkerUpdateRequest& req,
                                           proto::WorkerUpdateResponse* resp) {
   absl::MutexLock l(&mu_);
   if (!workers_.count(req.worker_address())) {
@@ -1099,7 +1258,7 @@ absl::Status DispatcherImpl::WorkerUpdate(const proto::WorkerUpdateRequest& req,
 
 // ---- datasets and jobs --------------------------------------------------------------
 
-absl::Status DispatcherImpl::RegisterDataset(const proto::RegisterDatasetRequest& req,
+absl::Status DispatcherImpl::RegisterDatasetUnsynced(const proto::RegisterDatasetRequest& req,
                                              proto::RegisterDatasetResponse* resp) {
   if (req.dataset().version() != 1 || !req.dataset().has_root() ||
       req.dataset().root().op_case() == proto::DatasetNode::OP_NOT_SET) {
@@ -1140,7 +1299,7 @@ absl::Status DispatcherImpl::RegisterDataset(const proto::RegisterDatasetRequest
   }
 }
 
-absl::Status DispatcherImpl::GetDatasetDef(const proto::GetDatasetDefRequest& req,
+absl::Status DispatcherImpl::GetDatasetDefUnsynced(const proto::GetDatasetDefRequest& req,
                                            proto::GetDatasetDefResponse* resp) {
   absl::MutexLock l(&mu_);
   auto it = datasets_.find(req.dataset_id());
@@ -1151,7 +1310,7 @@ absl::Status DispatcherImpl::GetDatasetDef(const proto::GetDatasetDefRequest& re
   return absl::OkStatus();
 }
 
-absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& req,
+absl::Status DispatcherImpl::GetOrCreateJobUnsynced(const proto::GetOrCreateJobRequest& req,
                                             proto::GetOrCreateJobResponse* resp) {
   if (!proto::ProcessingMode_IsValid(req.processing_mode()) ||
       req.processing_mode() == proto::PROCESSING_MODE_UNSPECIFIED) {
@@ -1273,7 +1432,7 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
   return absl::OkStatus();
 }
 
-absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterationRequest& req,
+absl::Status DispatcherImpl::GetOrCreateIterationUnsynced(const proto::GetOrCreateIterationRequest& req,
                                                   proto::GetOrCreateIterationResponse* resp) {
   if (req.repetition() < 0) {
     return absl::InvalidArgumentError("GetOrCreateIteration: repetition must be >= 0");
@@ -1362,7 +1521,7 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
 
 // ---- clients --------------------------------------------------------------------
 
-absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest& req,
+absl::Status DispatcherImpl::ClientHeartbeatUnsynced(const proto::ClientHeartbeatRequest& req,
                                              proto::ClientHeartbeatResponse* resp,
                                              const IsCancelled& cancelled) {
   const int64_t known_version = req.known_version();
@@ -1387,7 +1546,7 @@ absl::Status DispatcherImpl::ClientHeartbeat(const proto::ClientHeartbeatRequest
     return shutdown_ || it == iterations_.end() || it->second.version != known_version;
   };
   if (wait > absl::ZeroDuration() && !changed() &&
-      !AwaitLocked(absl::Condition(&changed), wait, cancelled)) {
+      !AwaitLocked(VersionKey(iteration_id), changed, wait, cancelled)) {
     return absl::CancelledError("ClientHeartbeat: the caller went away");
   }
   cit = clients_.find(req.iteration_client_id());
@@ -1442,7 +1601,7 @@ void DispatcherImpl::CoordinateLocked(Iteration& it, int64_t consumer_index,
     // every consumer must agree to again.
     it.target_round = current_round + kRoundLead;
     it.ready_consumers.clear();
-    ++it.version;
+    BumpVersionLocked(it);
     return;
   }
   if (blocked_round != it.target_round) return;  // it learns the target in this reply
@@ -1476,7 +1635,7 @@ void DispatcherImpl::RemoveClientLocked(int64_t client_id) {
   if (iit->second.clients.empty()) iit->second.idle_since = clock_();
 }
 
-absl::Status DispatcherImpl::ReleaseIterationClient(const proto::ReleaseIterationClientRequest& req,
+absl::Status DispatcherImpl::ReleaseIterationClientUnsynced(const proto::ReleaseIterationClientRequest& req,
                                                     proto::ReleaseIterationClientResponse* resp) {
   absl::MutexLock l(&mu_);
   if (!clients_.count(req.iteration_client_id())) {
@@ -1498,14 +1657,15 @@ void DispatcherImpl::CollectLocked(Iteration& it) {
     if (w != workers_.end()) {
       w->second.tasks.erase(id);
       w->second.pending_delete.push_back(id);
+      WakeLocked(WorkerKey(w->first));
     }
     tasks_.erase(t);
   }
   it.tasks.clear();
   it.splits.reset();
-  ++it.split_version;
+  BumpSplitVersionLocked(it);
   it.collected = true;
-  ++it.version;
+  BumpVersionLocked(it);
   ++stats_.collected_iterations;
 }
 
@@ -1525,11 +1685,12 @@ void DispatcherImpl::RemoveWorkerLocked(const std::string& address) {
                  address, absl::ToInt64Milliseconds(clock_() - wit->second.last_heartbeat),
                  config_.worker_timeout_ms, lost);
   }
+  WakeLocked(WorkerKey(wit->first));
   workers_.erase(wit);
   ++stats_.lost_workers;
 }
 
-void DispatcherImpl::Tick() {
+void DispatcherImpl::TickUnsynced() {
   absl::MutexLock l(&mu_);
   absl::Time now = clock_();
   proto::JournalRecord expired;
@@ -1601,7 +1762,7 @@ void DispatcherImpl::CompleteSplitLocked(Iteration& it, Task& t, int64_t split_i
   p.open.erase(o);
   t.held_splits.erase(split_id);
   ++stats_.splits_completed;
-  ++it.split_version;
+  BumpSplitVersionLocked(it);
   auto e = p.epochs.find(epoch);
   if (e != p.epochs.end()) --e->second.open;
   // Forget epochs that completed, lowest first.
@@ -1647,7 +1808,7 @@ void DispatcherImpl::ReleaseSplitsLocked(Task& t, bool requeue) {
                  "they go to the remaining workers",
                  t.id, held.size(), it.id);
   }
-  ++it.split_version;
+  BumpSplitVersionLocked(it);
 }
 
 void DispatcherImpl::RequeueSplitsLocked(Iteration& it, Task& t, const std::set<int64_t>& ids) {
@@ -1661,7 +1822,7 @@ void DispatcherImpl::RequeueSplitsLocked(Iteration& it, Task& t, const std::set<
     p.epochs[o->second.def.epoch()].queue.push_front(*r);
     ++stats_.splits_reassigned;
   }
-  ++it.split_version;
+  BumpSplitVersionLocked(it);
 }
 
 bool DispatcherImpl::PlanSplitLocked(const Iteration& it, int64_t task_id, int64_t epoch,
@@ -1737,7 +1898,7 @@ absl::Status DispatcherImpl::AssignSplitLocked(const proto::AssignSplitUpdate& u
   return absl::OkStatus();
 }
 
-absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
+absl::Status DispatcherImpl::GetSplitUnsynced(const proto::GetSplitRequest& req,
                                       proto::GetSplitResponse* resp,
                                       const IsCancelled& cancelled) {
   const absl::Time deadline = clock_() + absl::Milliseconds(std::max<int64_t>(0, req.wait_ms()));
@@ -1807,7 +1968,7 @@ absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
       auto i = iterations_.find(iteration_id);
       return shutdown_ || i == iterations_.end() || i->second.split_version != seen;
     };
-    if (!AwaitLocked(absl::Condition(&changed), deadline - clock_(), cancelled)) {
+    if (!AwaitLocked(SplitsKey(iteration_id), changed, deadline - clock_(), cancelled)) {
       return absl::CancelledError("GetSplit: the caller went away");
     }
     if (!changed()) return absl::OkStatus();  // still not ready
@@ -1816,7 +1977,7 @@ absl::Status DispatcherImpl::GetSplit(const proto::GetSplitRequest& req,
 
 // ---- introspection ------------------------------------------------------------------
 
-absl::Status DispatcherImpl::GetWorkers(const proto::GetWorkersRequest& req,
+absl::Status DispatcherImpl::GetWorkersUnsynced(const proto::GetWorkersRequest& req,
                                         proto::GetWorkersResponse* resp) {
   absl::MutexLock l(&mu_);
   for (const auto& [addr, w] : workers_) {
@@ -1830,7 +1991,7 @@ absl::Status DispatcherImpl::GetWorkers(const proto::GetWorkersRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status DispatcherImpl::GetDataServiceMetadata(
+absl::Status DispatcherImpl::GetDataServiceMetadataUnsynced(
     const proto::GetDataServiceMetadataRequest& req,
     proto::GetDataServiceMetadataResponse* resp) {
   proto::DatasetDef def;
@@ -1852,7 +2013,7 @@ absl::Status DispatcherImpl::GetDataServiceMetadata(
   return absl::OkStatus();
 }
 
-absl::Status DispatcherImpl::GetDataServiceConfig(const proto::GetDataServiceConfigRequest& req,
+absl::Status DispatcherImpl::GetDataServiceConfigUnsynced(const proto::GetDataServiceConfigRequest& req,
                                                   proto::GetDataServiceConfigResponse* resp) {
   resp->set_fault_tolerant_mode(config_.fault_tolerant_mode);
   resp->set_worker_timeout_ms(config_.worker_timeout_ms);

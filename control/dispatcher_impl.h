@@ -59,19 +59,28 @@
 //
 // Journal (fault_tolerant_mode): every state change is a batch of
 // proto::JournalUpdate records (control/journal.proto). The live path builds
-// the batch, appends it to the journal (fsync'd) and only then applies it
-// with ApplyLocked -- the same code a replay runs -- so the state in memory
-// is always what replaying the journal gives. A failed append changes
-// nothing and fails the RPC (Unavailable). What is not journaled is
-// transient and rebuilt after a restart: heartbeat times (restored workers
-// and clients get a fresh timeout), long polls, tasks to delete on workers
-// (workers report unknown tasks), coordinated-read targets (consumers
-// report their rounds again). A restored worker's undelivered tasks are
-// sent again; a delivered one it no longer holds is lost, as without a
-// restart.
+// the batch and applies it with ApplyLocked -- the same code a replay runs --
+// under the mutex, and queues the record. Writing is a group commit, as
+// LevelDB's: an RPC, after releasing the mutex, waits until every change
+// applied so far is durable; the first waiter that finds records queued and
+// no write running writes the whole queue with one write and one fdatasync,
+// without the mutex, while the others wait for it. So no reply reveals a
+// change that a crash can lose, and concurrent changes share one fsync.
+// Compaction (the journal rewritten as a snapshot once it has grown) is
+// done by the writer the same way: the snapshot is built under the mutex,
+// written without it. A failed write is sticky: the state in memory is then
+// ahead of the journal, so every later request fails (Unavailable) until
+// the dispatcher is restarted and replays its journal. What is not
+// journaled is transient and rebuilt after a restart: heartbeat times
+// (restored workers and clients get a fresh timeout), long polls, tasks to
+// delete on workers (workers report unknown tasks), coordinated-read
+// targets (consumers report their rounds again). A restored worker's
+// undelivered tasks are sent again; a delivered one it no longer holds is
+// lost, as without a restart.
 //
 // Thread safety: every method may be called from any thread; one mutex
-// guards all state. Time comes from the injected clock so tests can drive
+// guards all state. Long polls wait on a condition variable of their own
+// key (a worker, an iteration), woken only by changes to it. Time comes from the injected clock so tests can drive
 // timeouts.
 #pragma once
 
@@ -141,6 +150,9 @@ class DispatcherImpl {
   static constexpr int64_t kCompactionMinRecords = 10000;
   void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_);
+  // Tests: see JournalWriter::SetFaultHookForTesting. Call after OpenJournal.
+  void SetJournalFaultHookForTesting(std::function<void(JournalWriter::Stage)> hook)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Registers an unknown worker (after `probe_` accepts its addresses:
   // InvalidArgument for a malformed address or an unknown protocol,
@@ -198,6 +210,7 @@ class DispatcherImpl {
     int64_t journal_records = 0;   // appended since start
     int64_t replayed_records = 0;  // read back from the journal at start
     int64_t journal_compactions = 0;
+    int64_t journal_syncs = 0;     // fdatasync calls (one per group commit)
     // Snapshots computed by GetStats (jobs and iterations above count
     // creations): datasets registered, jobs held, iterations neither
     // finished nor collected, and the longest time since a worker's (not
@@ -301,8 +314,61 @@ class DispatcherImpl {
   // Waits until `cond` holds or `timeout` (real time) passes, checking
   // `cancelled` every kCancelCheckInterval. False when the caller went
   // away.
-  bool AwaitLocked(const absl::Condition& cond, absl::Duration timeout,
+  // The RPCs' bodies; the public methods add AwaitDurable.
+  absl::Status WorkerHeartbeatUnsynced(const proto::WorkerHeartbeatRequest& req,
+                               proto::WorkerHeartbeatResponse* resp,
+                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WorkerUpdateUnsynced(const proto::WorkerUpdateRequest& req,
+                            proto::WorkerUpdateResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RegisterDatasetUnsynced(const proto::RegisterDatasetRequest& req,
+                               proto::RegisterDatasetResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetDatasetDefUnsynced(const proto::GetDatasetDefRequest& req,
+                             proto::GetDatasetDefResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetOrCreateJobUnsynced(const proto::GetOrCreateJobRequest& req,
+                              proto::GetOrCreateJobResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetOrCreateIterationUnsynced(const proto::GetOrCreateIterationRequest& req,
+                                    proto::GetOrCreateIterationResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ClientHeartbeatUnsynced(const proto::ClientHeartbeatRequest& req,
+                               proto::ClientHeartbeatResponse* resp,
+                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReleaseIterationClientUnsynced(const proto::ReleaseIterationClientRequest& req,
+                                      proto::ReleaseIterationClientResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetWorkersUnsynced(const proto::GetWorkersRequest& req, proto::GetWorkersResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetDataServiceMetadataUnsynced(const proto::GetDataServiceMetadataRequest& req,
+                                      proto::GetDataServiceMetadataResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetDataServiceConfigUnsynced(const proto::GetDataServiceConfigRequest& req,
+                                    proto::GetDataServiceConfigResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status GetSplitUnsynced(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp,
+                        const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
+  void TickUnsynced() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Long polls. Each waits on the condition variable of what it waits for
+  // (a worker's news, an iteration's version, an iteration's splits), and
+  // only a change to that wakes it: absl::Mutex::Await would re-evaluate
+  // every waiter's condition at every unlock, which with thousands of held
+  // polls (one per worker and per consumer) made every RPC pay for all of
+  // them (sluice-perf dispatcher).
+  struct PollKey {
+    enum Kind : uint8_t { kWorker, kVersion, kSplits } kind = kWorker;
+    int64_t iteration = 0;
+    std::string worker;
+    auto operator<=>(const PollKey&) const = default;
+  };
+  // Waits until `ready` (evaluated by this thread, under mu_, after each
+  // wake-up), `timeout` passes, or the caller goes away; false only in the
+  // last case. A change that can make `ready` true must wake `key`.
+  bool AwaitLocked(const PollKey& key, const std::function<bool()>& ready, absl::Duration timeout,
                    const IsCancelled& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeLocked(const PollKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static PollKey WorkerKey(const std::string& address) {
+    return {PollKey::kWorker, 0, address};
+  }
+  static PollKey VersionKey(int64_t iteration) { return {PollKey::kVersion, iteration, ""}; }
+  static PollKey SplitsKey(int64_t iteration) { return {PollKey::kSplits, iteration, ""}; }
+  // Every change clients can see bumps the iteration's version, every
+  // change to its splits the split version: these wake their polls.
+  void BumpVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BumpSplitVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a registering worker's request: InvalidArgument unless its
   // addresses are dialable host:port and its protocol is grpc or ucx.
   static absl::Status ValidateRegistration(const proto::WorkerHeartbeatRequest& req);
@@ -315,8 +381,22 @@ class DispatcherImpl {
   void CoordinateLocked(Iteration& it, int64_t consumer_index, int64_t current_round,
                         int64_t blocked_round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Journals `rec` (when a journal is open) and applies it.
+  // Applies `rec` and (when a journal is open) queues it for the journal.
+  // Unavailable, changing nothing, once the journal has failed.
   absl::Status RecordLocked(const proto::JournalRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Group commit. Every RPC ends here, after releasing mu_: it returns
+  // `reply` once every change applied so far is durable, or Unavailable
+  // if the journal failed (then the dispatcher takes no more changes and
+  // must be restarted: its memory is ahead of its journal). Whichever
+  // caller finds records queued and no writer becomes the writer
+  // (WriteJournalLocked); the others wait for it.
+  absl::Status AwaitDurable(absl::Status reply) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the whole queue (or, when the journal has grown enough, a
+  // snapshot of the state instead), writes and syncs it with mu_ released,
+  // then marks it durable and wakes the waiters.
+  void WriteJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bookkeeping after a snapshot of `records` replaced the journal.
+  void CompactedLocked(size_t records, uint64_t bytes_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplySplitProviderStateLocked(const proto::SplitProviderStateUpdate& u)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -371,7 +451,18 @@ class DispatcherImpl {
   const WorkerProbe probe_;
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  std::unique_ptr<JournalWriter> journal_ ABSL_GUARDED_BY(mu_);
+  // The condition variables of the long polls waiting now, by key (a key's
+  // entry lives while a poll waits on it).
+  std::map<PollKey, std::shared_ptr<absl::CondVar>> polls_ ABSL_GUARDED_BY(mu_);
+  // Written by the one writer of the moment (journal_writing_) without mu_;
+  // the pointer is set once, by OpenJournal.
+  std::unique_ptr<JournalWriter> journal_;
+  std::vector<std::string> journal_queue_ ABSL_GUARDED_BY(mu_);  // applied, not yet written
+  int64_t journal_applied_ ABSL_GUARDED_BY(mu_) = 0;  // records queued since start
+  int64_t journal_durable_ ABSL_GUARDED_BY(mu_) = 0;  // ... of them written and synced
+  bool journal_writing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status journal_error_ ABSL_GUARDED_BY(mu_);  // sticky: see AwaitDurable
+  absl::CondVar journal_cv_;                          // a write finished
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // quiets logs of replayed changes
   int64_t compaction_min_records_ ABSL_GUARDED_BY(mu_) = kCompactionMinRecords;
   int64_t records_in_journal_ ABSL_GUARDED_BY(mu_) = 0;

@@ -33,6 +33,9 @@ std::string RenderDispatcherMetrics(const DispatcherImpl::Stats& s) {
   w.Counter("sluice_dispatcher_journal_records_total",
             "State changes appended to the journal (fault_tolerant_mode) since start.",
             s.journal_records);
+  w.Counter("sluice_dispatcher_journal_syncs_total",
+            "fdatasync calls on the journal: one per group of changes written together.",
+            s.journal_syncs);
   w.Counter("sluice_dispatcher_journal_replayed_records_total",
             "Journal records replayed at start.", s.replayed_records);
   w.Counter("sluice_dispatcher_journal_compactions_total",

@@ -136,6 +136,15 @@ absl::StatusOr<RecoveredFile> Recover(int fd, const std::string& path) {
 }
 
 // Writes all of `iov` at `offset`, resuming after short writes.
+// Appends `record` with its header (length, masked CRC) to `out`.
+void AppendFramed(std::string_view record, std::string* out) {
+  char header[kJournalRecordHeaderBytes];
+  PutU32(static_cast<uint32_t>(record.size()), header);
+  PutU32(MaskedCrc(record), header + 4);
+  out->append(header, sizeof(header));
+  out->append(record);
+}
+
 bool PwriteAll(int fd, uint64_t offset, iovec* iov, int iovcnt) {
   while (iovcnt > 0) {
     ssize_t w = pwritev(fd, iov, iovcnt, static_cast<off_t>(offset));
@@ -273,16 +282,13 @@ absl::Status JournalWriter::Rewrite(const std::vector<std::string>& records) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
           "journal '", path_, "': a compacted record of ", r.size(), " bytes exceeds the limit")));
     }
-    char header[kJournalRecordHeaderBytes];
-    PutU32(static_cast<uint32_t>(r.size()), header);
-    PutU32(MaskedCrc(r), header + 4);
-    bytes.append(header, sizeof(header));
-    bytes.append(r);
+    AppendFramed(r, &bytes);
   }
   iovec iov{bytes.data(), bytes.size()};
   if (!PwriteAll(fd, 0, &iov, 1)) return fail(ErrnoError(tmp, "cannot write"));
-  if (policy_ == FsyncPolicy::kEveryRecord && fdatasync(fd) != 0) {
-    return fail(ErrnoError(tmp, "fdatasync failed"));
+  if (policy_ == FsyncPolicy::kEveryRecord) {
+    ++syncs_;
+    if (fdatasync(fd) != 0) return fail(ErrnoError(tmp, "fdatasync failed"));
   }
   if (rename(tmp.c_str(), path_.c_str()) != 0) {
     return fail(ErrnoError(tmp, absl::StrCat("cannot rename it to ", path_)));
@@ -306,20 +312,32 @@ absl::Status JournalWriter::Rewrite(const std::vector<std::string>& records) {
 JournalWriter::~JournalWriter() { close(fd_); }
 
 absl::Status JournalWriter::Append(std::string_view record) {
+  return AppendBatch({std::string(record)});
+}
+
+absl::Status JournalWriter::AppendBatch(const std::vector<std::string>& records) {
   SLUICE_RETURN_IF_ERROR(broken_);
-  if (record.size() > kMaxRecordBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("journal '", path_, "': a record of ",
-                                                   record.size(), " bytes exceeds the limit of ",
-                                                   kMaxRecordBytes, " bytes"));
+  size_t bytes = 0;
+  for (const std::string& record : records) {
+    if (record.size() > kMaxRecordBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("journal '", path_, "': a record of ",
+                                                     record.size(), " bytes exceeds the limit of ",
+                                                     kMaxRecordBytes, " bytes"));
+    }
+    bytes += kJournalRecordHeaderBytes + record.size();
   }
-  char header[kJournalRecordHeaderBytes];
-  PutU32(static_cast<uint32_t>(record.size()), header);
-  PutU32(MaskedCrc(record), header + 4);
-  iovec iov[2] = {{header, sizeof(header)},
-                  {const_cast<char*>(record.data()), record.size()}};
-  if (!PwriteAll(fd_, size_, iov, record.empty() ? 1 : 2)) {
-    absl::Status s = ErrnoError(path_, absl::StrCat("cannot append a record at offset ", size_));
-    // Cut the partial record off so a later append does not follow it.
+  if (records.empty()) return absl::OkStatus();
+  std::string framed;
+  framed.reserve(bytes);
+  for (const std::string& record : records) {
+    AppendFramed(record, &framed);
+  }
+  iovec iov = {framed.data(), framed.size()};
+  if (fault_hook_) fault_hook_(Stage::kBeforeWrite);
+  if (!PwriteAll(fd_, size_, &iov, 1)) {
+    absl::Status s = ErrnoError(path_, absl::StrCat("cannot append ", records.size(),
+                                                    " record(s) at offset ", size_));
+    // Cut the partial batch off so a later append does not follow it.
     if (ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
       broken_ = absl::FailedPreconditionError(absl::StrCat(
           "journal '", path_, "': an append failed and the partial record could not be removed; "
@@ -327,16 +345,20 @@ absl::Status JournalWriter::Append(std::string_view record) {
     }
     return s;
   }
-  if (policy_ == FsyncPolicy::kEveryRecord && fdatasync(fd_) != 0) {
-    absl::Status s = ErrnoError(path_, "fdatasync failed");
-    // After a failed sync the kernel may have dropped the dirty pages: what
-    // the file holds is unknown.
-    broken_ = absl::FailedPreconditionError(absl::StrCat(
-        "journal '", path_, "': an earlier fdatasync failed (", s.message(),
-        "); reopen the journal to recover it"));
-    return s;
+  if (fault_hook_) fault_hook_(Stage::kBeforeSync);
+  if (policy_ == FsyncPolicy::kEveryRecord) {
+    ++syncs_;
+    if (fdatasync(fd_) != 0) {
+      absl::Status s = ErrnoError(path_, "fdatasync failed");
+      // After a failed sync the kernel may have dropped the dirty pages:
+      // what the file holds is unknown.
+      broken_ = absl::FailedPreconditionError(absl::StrCat(
+          "journal '", path_, "': an earlier fdatasync failed (", s.message(),
+          "); reopen the journal to recover it"));
+      return s;
+    }
   }
-  size_ += kJournalRecordHeaderBytes + record.size();
+  size_ += framed.size();
   return absl::OkStatus();
 }
 

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -108,6 +109,11 @@ class JournalWriter final {
   // on disk is unknown and every later Append fails (FailedPrecondition) —
   // reopen the journal, which recovers its valid prefix.
   absl::Status Append(std::string_view record);
+  // Appends `records` in order with one write and (kEveryRecord) one
+  // fdatasync: group commit. All or none: a record above kMaxRecordBytes
+  // is InvalidArgument and writes nothing; an I/O failure cuts the file back
+  // to where the batch began (as Append).
+  absl::Status AppendBatch(const std::vector<std::string>& records);
 
   // Compaction: replaces the journal by one holding just `records`. They
   // are written to `<dir>/journal.compact`, synced, locked and renamed over
@@ -119,6 +125,12 @@ class JournalWriter final {
   const std::string& path() const { return path_; }
   // Bytes in the file: its header and every record.
   uint64_t size() const { return size_; }
+  // fdatasync calls on the journal file so far (appends and rewrites).
+  int64_t syncs() const { return syncs_; }
+  // Tests: AppendBatch calls the hook just before its write and between
+  // its write and its sync, to crash the process there.
+  enum class Stage : uint8_t { kBeforeWrite, kBeforeSync };
+  void SetFaultHookForTesting(std::function<void(Stage)> hook) { fault_hook_ = std::move(hook); }
 
  private:
   JournalWriter(std::string dir, std::string path, int fd, uint64_t size, FsyncPolicy policy);
@@ -131,6 +143,8 @@ class JournalWriter final {
   // whole record.
   uint64_t size_;
   absl::Status broken_;  // not OK once the file's contents are unknown
+  int64_t syncs_ = 0;
+  std::function<void(Stage)> fault_hook_;
 };
 
 }  // namespace sluice::internal

@@ -141,6 +141,7 @@ struct Usage {
   int64_t write_bytes = 0;
   double journal_records = 0;
   double journal_syncs = -1;  // -1: the build has no such counter
+  double lost_workers = 0;    // declared lost (no heartbeat for worker_timeout_ms)
 };
 
 Usage ReadUsage(const DispatcherProcess& d) {
@@ -150,6 +151,7 @@ Usage ReadUsage(const DispatcherProcess& d) {
   auto m = ReadMetrics(d.metrics_port);
   u.journal_records = Metric(m, "sluice_dispatcher_journal_records_total", 0);
   u.journal_syncs = Metric(m, "sluice_dispatcher_journal_syncs_total", -1);
+  u.lost_workers = Metric(m, "sluice_dispatcher_lost_workers_total", 0);
   return u;
 }
 
@@ -327,7 +329,17 @@ class Fleet {
   void Stop(absl::Duration timeout);
 
   int64_t registered() const { return registered_.load(); }
-  int64_t tasks_received() const { return tasks_received_.load(); }
+  // Tasks the simulated workers hold now (tasks of lost workers are
+  // replaced by new ones when they come back, so this, not the tasks ever
+  // received, says the fleet is up).
+  int64_t tasks_held() {
+    int64_t n = 0;
+    for (auto& w : workers_) {
+      absl::MutexLock l(&w->mu);
+      n += static_cast<int64_t>(w->tasks.size());
+    }
+    return n;
+  }
   int64_t errors() const { return errors_.load(); }
   std::string last_error() {
     absl::MutexLock l(&error_mu_);
@@ -359,7 +371,7 @@ class Fleet {
   Scheduler sched_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> in_flight_{0};
-  std::atomic<int64_t> registered_{0}, tasks_received_{0}, errors_{0};
+  std::atomic<int64_t> registered_{0}, errors_{0};
   std::atomic<int64_t> worker_heartbeats_{0}, client_heartbeats_{0}, splits_{0};
   absl::Mutex error_mu_;
   std::string last_error_ ABSL_GUARDED_BY(error_mu_);
@@ -522,10 +534,7 @@ void Fleet::WorkerHeartbeat(SimWorker* w) {
             registered_++;
           }
           for (const auto& def : r.new_tasks()) {
-            if (w->known.insert(def.task_id()).second) {
-              w->tasks.push_back(def.task_id());
-              tasks_received_++;
-            }
+            if (w->known.insert(def.task_id()).second) w->tasks.push_back(def.task_id());
           }
           for (int64_t id : r.tasks_to_delete()) {
             w->known.erase(id);
@@ -881,6 +890,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     std::string error;
     double setup_s = 0, warmup_s = 0, seconds = 0;
     int64_t registered = 0, tasks = 0;
+    double lost_in_warmup = 0, lost = 0;
     double cpu_cores = 0, sim_cpu_cores = 0;
     int64_t rss = 0, peak_rss = 0;
     double journal_bytes_per_s = 0, records_per_s = 0, fsyncs_per_s = 0;
@@ -908,27 +918,32 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
         const int64_t want_tasks = int64_t{fo.workers} * fo.jobs;
         const auto w0 = SteadyClock::now();
         double last_print = 0;
-        while (fleet.registered() < fo.workers || fleet.tasks_received() < want_tasks) {
+        while (fleet.registered() < fo.workers || fleet.tasks_held() < want_tasks) {
           const double el = MsSince(w0) / 1000;
           if (el > fo.warmup_timeout_s) {
             fr.error = absl::StrCat("warm-up: after ", fo.warmup_timeout_s, " s, ",
                                     fleet.registered(), " of ", fo.workers, " workers registered, ",
-                                    fleet.tasks_received(), " of ", want_tasks,
-                                    " tasks delivered; last error: ", fleet.last_error());
+                                    fleet.tasks_held(), " of ", want_tasks,
+                                    " tasks held; last error: ", fleet.last_error());
             break;
           }
           if (el - last_print >= 5) {
             last_print = el;
-            std::fprintf(stderr, "fleet: warm-up %.0f s: %lld/%d workers, %lld/%lld tasks\n", el,
-                         static_cast<long long>(fleet.registered()), fo.workers,
-                         static_cast<long long>(fleet.tasks_received()),
-                         static_cast<long long>(want_tasks));
+            std::fprintf(stderr,
+                         "fleet: warm-up %.0f s: %lld/%d workers registered, %lld/%lld tasks held, "
+                         "%.0f workers lost so far\n",
+                         el, static_cast<long long>(fleet.registered()), fo.workers,
+                         static_cast<long long>(fleet.tasks_held()),
+                         static_cast<long long>(want_tasks),
+                         Metric(ReadMetrics(d->metrics_port), "sluice_dispatcher_lost_workers_total",
+                                0));
           }
           absl::SleepFor(absl::Milliseconds(100));
         }
         fr.warmup_s = MsSince(w0) / 1000;
         fr.registered = fleet.registered();
-        fr.tasks = fleet.tasks_received();
+        fr.tasks = fleet.tasks_held();
+        fr.lost_in_warmup = ReadUsage(*d).lost_workers;
         if (fr.error.empty()) {
           fleet.StartSplits();
           absl::SleepFor(absl::Seconds(2));  // the split loops reach their rate
@@ -958,6 +973,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
           fr.journal_bytes_per_s = static_cast<double>(u1.write_bytes - u0.write_bytes) / secs;
           fr.records_per_s = (u1.journal_records - u0.journal_records) / secs;
           fr.fsyncs_per_s = Syncs(u0, u1) / secs;
+          fr.lost = u1.lost_workers - u0.lost_workers;
           fr.worker_hb_per_s = static_cast<double>(fleet.worker_heartbeats() - whb0) / secs;
           fr.client_hb_per_s = static_cast<double>(fleet.client_heartbeats() - chb0) / secs;
           fr.splits_per_s = static_cast<double>(fleet.splits() - sp0) / secs;
@@ -1013,9 +1029,10 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
                 "each), %.3g split(s)/s per worker, heartbeats every %lld ms, %d connections\n",
                 fo.workers, fo.consumers, fo.jobs, fo.consumers / fo.jobs, fo.splits_per_worker_s,
                 static_cast<long long>(fo.heartbeat_ms), fo.connections);
-    std::printf("  setup %.1f s, warm-up %.1f s (%lld workers registered, %lld tasks delivered)\n",
+    std::printf("  setup %.1f s, warm-up %.1f s (%lld workers registered, %lld tasks held, %.0f "
+                "workers declared lost and back)\n",
                 fr.setup_s, fr.warmup_s, static_cast<long long>(fr.registered),
-                static_cast<long long>(fr.tasks));
+                static_cast<long long>(fr.tasks), fr.lost_in_warmup);
     if (fr.seconds > 0) {
       std::printf("  measured %.0f s: dispatcher %.2f cores (simulator %.2f), RSS %.0f MiB "
                   "(peak %.0f MiB)\n",
@@ -1036,6 +1053,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
       line("client heartbeat lateness", fr.cl);
       line("GetSplit (a split handed out)", fr.gs);
       line("GetSplit report_only", fr.rp);
+      std::printf("  workers declared lost while measuring: %.0f\n", fr.lost);
       std::printf("  errors: %lld%s%s\n", static_cast<long long>(fr.errors),
                   fr.errors > 0 ? ", e.g. " : "", fr.errors > 0 ? fr.last_error.c_str() : "");
     }
@@ -1044,6 +1062,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     j.Add("splits_per_worker_s", fo.splits_per_worker_s).Add("connections", fo.connections);
     j.Add("setup_s", fr.setup_s).Add("warmup_s", fr.warmup_s).Add("seconds", fr.seconds);
     j.Add("registered", fr.registered).Add("tasks", fr.tasks);
+    j.Add("lost_in_warmup", fr.lost_in_warmup).Add("lost_workers", fr.lost);
     j.Add("dispatcher_cores", fr.cpu_cores).Add("simulator_cores", fr.sim_cpu_cores);
     j.Add("rss_bytes", fr.rss).Add("peak_rss_bytes", fr.peak_rss);
     j.Add("journal_records_per_s", fr.records_per_s).Add("fsyncs_per_s", fr.fsyncs_per_s);
