@@ -23,8 +23,33 @@ namespace {
 using internal::ToGrpcStatus;
 
 // Forwards each RPC to DispatcherImpl and converts the status. Every RPC
-// first checks the auth token (when the config sets one).
-class DispatcherService final : public proto::DispatcherService::Service {
+// first checks the auth token (when the config sets one). The long polls
+// (WorkerHeartbeat, ClientHeartbeat, GetSplit) use gRPC's callback API:
+// a poll waits parked in the dispatcher, not on a thread of its own, so a
+// fleet of thousands of workers and consumers, each with a poll held, costs
+// no thread per poll (sluice-perf dispatcher).
+using DispatcherServiceBase = proto::DispatcherService::WithCallbackMethod_WorkerHeartbeat<
+    proto::DispatcherService::WithCallbackMethod_ClientHeartbeat<
+        proto::DispatcherService::WithCallbackMethod_GetSplit<proto::DispatcherService::Service>>>;
+
+// One long poll: answered once (Finish) by the dispatcher's `done`; a
+// cancelled call (the caller went away) unparks it.
+class PollReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit PollReactor(internal::DispatcherImpl* impl) : impl_(impl), id_(impl->NewPollId()) {}
+  int64_t id() const { return id_; }
+  internal::DispatcherImpl::PollDone Done() {
+    return [this](absl::Status s) { Finish(ToGrpcStatus(s)); };
+  }
+  void OnCancel() override { impl_->CancelPoll(id_); }
+  void OnDone() override { delete this; }
+
+ private:
+  internal::DispatcherImpl* const impl_;
+  const int64_t id_;
+};
+
+class DispatcherService final : public DispatcherServiceBase {
  public:
   DispatcherService(internal::DispatcherImpl* impl, const DispatcherConfig& config)
       : impl_(impl), auth_token_(config.auth_token),
@@ -47,13 +72,18 @@ class DispatcherService final : public proto::DispatcherService::Service {
   SLUICE_FORWARD_RPC_(GetDataServiceConfig)
 #undef SLUICE_FORWARD_RPC_
 
-  // Long polls: the dispatcher stops waiting once the caller goes away.
-#define SLUICE_FORWARD_LONG_POLL_(Name)                                                 \
-  grpc::Status Name(grpc::ServerContext* ctx, const proto::Name##Request* req,         \
-                    proto::Name##Response* resp) override {                            \
-    grpc::Status auth = internal::CheckAuthToken(*ctx, auth_token_, "dispatcher");     \
-    if (!auth.ok()) return auth;                                                        \
-    return ToGrpcStatus(impl_->Name(*req, resp, [ctx] { return ctx->IsCancelled(); })); \
+#define SLUICE_FORWARD_LONG_POLL_(Name)                                                  \
+  grpc::ServerUnaryReactor* Name(grpc::CallbackServerContext* ctx,                       \
+                                 const proto::Name##Request* req,                        \
+                                 proto::Name##Response* resp) override {                 \
+    auto* reactor = new PollReactor(impl_);                                              \
+    grpc::Status auth = internal::CheckAuthToken(*ctx, auth_token_, "dispatcher");      \
+    if (!auth.ok()) {                                                                    \
+      reactor->Finish(auth);                                                             \
+    } else {                                                                             \
+      impl_->Start##Name(reactor->id(), *req, resp, reactor->Done());                    \
+    }                                                                                    \
+    return reactor;                                                                      \
   }
   SLUICE_FORWARD_LONG_POLL_(WorkerHeartbeat)
   SLUICE_FORWARD_LONG_POLL_(ClientHeartbeat)

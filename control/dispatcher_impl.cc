@@ -178,6 +178,11 @@ bool DispatcherImpl::AwaitLocked(const PollKey& key, const std::function<bool()>
 void DispatcherImpl::WakeLocked(const PollKey& key) {
   auto it = polls_.find(key);
   if (it != polls_.end()) it->second->SignalAll();
+  auto parked = parked_by_key_.find(key);
+  if (parked != parked_by_key_.end()) {
+    runnable_.insert(runnable_.end(), parked->second.begin(), parked->second.end());
+    poll_cv_.Signal();
+  }
 }
 
 void DispatcherImpl::BumpVersionLocked(Iteration& it) {
@@ -188,6 +193,132 @@ void DispatcherImpl::BumpVersionLocked(Iteration& it) {
 void DispatcherImpl::BumpSplitVersionLocked(Iteration& it) {
   ++it.split_version;
   WakeLocked(SplitsKey(it.id));
+}
+
+absl::Status DispatcherImpl::RunPollLocked(PollFn& poll, const IsCancelled& cancelled) {
+  PollStep step;
+  while (true) {
+    const bool timed_out = step.wait && !step.ready();
+    step = PollStep();
+    step.timed_out = timed_out;
+    absl::Status s = poll(&step);
+    if (!s.ok() || !step.wait) return s;
+    if (!AwaitLocked(step.key, step.ready, step.deadline - absl::Now(), cancelled)) {
+      // The caller went away: no reply reaches it, and nothing is credited.
+      return absl::CancelledError("the caller went away");
+    }
+  }
+}
+
+int64_t DispatcherImpl::NewPollId() {
+  absl::MutexLock l(&mu_);
+  return next_poll_id_++;
+}
+
+void DispatcherImpl::StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone done) {
+  absl::Status s = poll.status();
+  if (s.ok()) {
+    absl::MutexLock l(&mu_);
+    PollStep step;
+    s = (*poll)(&step);
+    if (s.ok() && step.wait && !shutdown_) {
+      ParkLocked(id, {*std::move(poll), std::move(step), std::move(done)});
+      if (!poll_thread_.joinable()) poll_thread_ = std::thread([this] { PollThread(); });
+      return;
+    }
+  }
+  done(AwaitDurable(std::move(s)));
+}
+
+void DispatcherImpl::StartWorkerHeartbeat(int64_t id, const proto::WorkerHeartbeatRequest& req,
+                                          proto::WorkerHeartbeatResponse* resp, PollDone done) {
+  StartPoll(id, WorkerHeartbeatPoll(req, resp), std::move(done));
+}
+void DispatcherImpl::StartClientHeartbeat(int64_t id, const proto::ClientHeartbeatRequest& req,
+                                          proto::ClientHeartbeatResponse* resp, PollDone done) {
+  StartPoll(id, ClientHeartbeatPoll(req, resp), std::move(done));
+}
+void DispatcherImpl::StartGetSplit(int64_t id, const proto::GetSplitRequest& req,
+                                   proto::GetSplitResponse* resp, PollDone done) {
+  StartPoll(id, GetSplitPoll(req, resp), std::move(done));
+}
+
+void DispatcherImpl::ParkLocked(int64_t id, Parked parked) {
+  parked_by_key_[parked.step.key].insert(id);
+  parked_deadlines_.emplace(parked.step.deadline, id);
+  parked_.emplace(id, std::move(parked));
+  poll_cv_.Signal();  // the poll thread may sleep past this deadline
+}
+
+std::optional<DispatcherImpl::Parked> DispatcherImpl::UnparkLocked(int64_t id) {
+  auto p = parked_.find(id);
+  if (p == parked_.end()) return std::nullopt;
+  Parked parked = std::move(p->second);
+  parked_.erase(p);
+  auto k = parked_by_key_.find(parked.step.key);
+  if (k != parked_by_key_.end()) {
+    k->second.erase(id);
+    if (k->second.empty()) parked_by_key_.erase(k);
+  }
+  parked_deadlines_.erase({parked.step.deadline, id});
+  return parked;
+}
+
+void DispatcherImpl::CancelPoll(int64_t id) {
+  std::optional<Parked> parked;
+  {
+    absl::MutexLock l(&mu_);
+    parked = UnparkLocked(id);
+  }
+  if (parked) parked->done(absl::CancelledError("the caller went away"));
+}
+
+void DispatcherImpl::PollThread() {
+  absl::MutexLock l(&mu_);
+  while (!(shutdown_ && parked_.empty())) {
+    // Woken polls, and polls whose wait ran out (all of them at shutdown).
+    std::vector<std::pair<int64_t, bool>> due;  // id, timed out
+    for (int64_t id : runnable_) due.emplace_back(id, false);
+    runnable_.clear();
+    const absl::Time now = absl::Now();
+    for (const auto& [deadline, id] : parked_deadlines_) {
+      if (!shutdown_ && deadline > now) break;
+      due.emplace_back(id, true);
+    }
+    if (due.empty()) {
+      poll_cv_.WaitWithDeadline(&mu_, parked_deadlines_.empty()
+                                          ? absl::InfiniteFuture()
+                                          : parked_deadlines_.begin()->first);
+      continue;
+    }
+    std::vector<std::pair<PollDone, absl::Status>> answered;
+    for (const auto& [id, timed_out] : due) {
+      auto p = parked_.find(id);
+      if (p == parked_.end()) continue;  // answered or cancelled already
+      const bool ready = p->second.step.ready();
+      if (!timed_out && !ready) continue;  // a wake-up that did not concern it
+      Parked parked = *UnparkLocked(id);
+      PollStep step;
+      step.timed_out = !ready;
+      absl::Status s = parked.poll(&step);
+      if (s.ok() && step.wait && !shutdown_) {
+        ParkLocked(id, {std::move(parked.poll), std::move(step), std::move(parked.done)});
+      } else {
+        answered.emplace_back(std::move(parked.done), std::move(s));
+      }
+    }
+    if (answered.empty()) continue;
+    mu_.Unlock();
+    // The replies go out once what they saw is durable (one wait for all).
+    const absl::Status durable = AwaitDurable(absl::OkStatus());
+    for (auto& [done, s] : answered) done(durable.ok() ? std::move(s) : durable);
+    mu_.Lock();
+  }
+}
+
+DispatcherImpl::~DispatcherImpl() {
+  Shutdown();
+  if (poll_thread_.joinable()) poll_thread_.join();
 }
 
 absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRequest& req) {
@@ -216,6 +347,7 @@ void DispatcherImpl::Shutdown() {
   absl::MutexLock l(&mu_);
   shutdown_ = true;
   for (auto& [key, cv] : polls_) cv->SignalAll();
+  poll_cv_.Signal();  // answers every parked poll
 }
 
 // ---- journal ------------------------------------------------------------------
@@ -1063,9 +1195,8 @@ void DispatcherImpl::UpdateFinishedLocked(Iteration& it) {
   BumpVersionLocked(it);
 }
 
-absl::Status DispatcherImpl::WorkerHeartbeatUnsynced(const proto::WorkerHeartbeatRequest& req,
-                                             proto::WorkerHeartbeatResponse* resp,
-                                             const IsCancelled& cancelled) {
+absl::StatusOr<DispatcherImpl::PollFn> DispatcherImpl::WorkerHeartbeatPoll(
+    const proto::WorkerHeartbeatRequest& req, proto::WorkerHeartbeatResponse* resp) {
   if (req.worker_address().empty()) {
     return absl::InvalidArgumentError("WorkerHeartbeat: worker_address is empty");
   }
@@ -1075,7 +1206,7 @@ absl::Status DispatcherImpl::WorkerHeartbeatUnsynced(const proto::WorkerHeartbea
   const std::string protocol = req.transfer_protocol().empty() ? "grpc" : req.transfer_protocol();
   // New, or known but back with other addresses (it restarted): check it.
   // (A known worker's heartbeat without addresses leaves them as they are.)
-  auto moved = [&](const Worker& w) {
+  auto moved = [&req, transfer_address, protocol](const Worker& w) {
     return (!req.transfer_address().empty() && w.transfer_address != transfer_address) ||
            (!req.transfer_protocol().empty() && w.protocol != protocol) ||
            (!req.host_id().empty() && w.host_id != req.host_id());
@@ -1103,7 +1234,60 @@ absl::Status DispatcherImpl::WorkerHeartbeatUnsynced(const proto::WorkerHeartbea
       }
     }
   }
+  return PollFn([this, &req, resp, moved, transfer_address, protocol,
+                 first = true](PollStep* step) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::string& addr = req.worker_address();
+    if (first) {
+      first = false;
+      absl::Status s = WorkerHeartbeatBeginLocked(req, transfer_address, protocol, moved);
+      if (!s.ok()) return s;
+      // The condition looks the worker up again: Tick() may remove it while
+      // the poll waits (its entry must not be referenced across the wait).
+      auto has_news = [addr, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        auto it = workers_.find(addr);
+        return shutdown_ || it == workers_.end() || !it->second.pending_new.empty() ||
+               !it->second.pending_delete.empty();
+      };
+      const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), MaxWorkerWait());
+      if (wait > absl::ZeroDuration() && !has_news()) {
+        *step = {true, WorkerKey(addr), has_news, absl::Now() + wait};
+        return absl::OkStatus();
+      }
+    }
+    // The worker may have been removed while we waited (Tick after timeout).
+    auto wit = workers_.find(addr);
+    if (wit == workers_.end()) return absl::OkStatus();
+    Worker& w2 = wit->second;
+    if (!w2.pending_new.empty()) {
+      proto::JournalRecord delivered;
+      proto::TasksDeliveredUpdate* d = delivered.add_updates()->mutable_tasks_delivered();
+      d->set_worker_address(addr);
+      for (const proto::TaskDef& def : w2.pending_new) {
+        d->add_task_ids(def.task_id());
+        *resp->add_new_tasks() = def;
+      }
+      SLUICE_RETURN_IF_ERROR(RecordLocked(delivered));
+    }
+    for (int64_t id : w2.pending_delete) resp->add_tasks_to_delete(id);
+    w2.pending_delete.clear();
+    w2.last_heartbeat = clock_();
+    resp->set_worker_timeout_ms(config_.worker_timeout_ms);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status DispatcherImpl::WorkerHeartbeatUnsynced(const proto::WorkerHeartbeatRequest& req,
+                                                     proto::WorkerHeartbeatResponse* resp,
+                                                     const IsCancelled& cancelled) {
+  SLUICE_ASSIGN_OR_RETURN(PollFn poll, WorkerHeartbeatPoll(req, resp));
   absl::MutexLock l(&mu_);
+  return RunPollLocked(poll, cancelled);
+}
+
+absl::Status DispatcherImpl::WorkerHeartbeatBeginLocked(
+    const proto::WorkerHeartbeatRequest& req, const std::string& transfer_address,
+    const std::string& protocol, const std::function<bool(const Worker&)>& moved) {
+  const std::string& addr = req.worker_address();
   auto wit = workers_.find(addr);
   if (wit != workers_.end() && moved(wit->second)) {
     proto::JournalRecord rec;
@@ -1180,38 +1364,6 @@ absl::Status DispatcherImpl::WorkerHeartbeatUnsynced(const proto::WorkerHeartbea
   for (int64_t id : held) {
     if (!w.tasks.count(id)) w.pending_delete.push_back(id);
   }
-  // The condition looks the worker up again: Tick() may remove it while we
-  // wait (its entry must not be referenced across the wait).
-  auto has_news = [&addr, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = workers_.find(addr);
-    return shutdown_ || it == workers_.end() || !it->second.pending_new.empty() ||
-           !it->second.pending_delete.empty();
-  };
-  const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), MaxWorkerWait());
-  if (wait > absl::ZeroDuration() && !has_news() &&
-      !AwaitLocked(WorkerKey(addr), has_news, wait, cancelled)) {
-    // The worker went away: no reply reaches it, and its liveness runs
-    // from this request's arrival only.
-    return absl::CancelledError("WorkerHeartbeat: the caller went away");
-  }
-  // The worker may have been removed while we waited (Tick after timeout).
-  wit = workers_.find(addr);
-  if (wit == workers_.end()) return absl::OkStatus();
-  Worker& w2 = wit->second;
-  if (!w2.pending_new.empty()) {
-    proto::JournalRecord delivered;
-    proto::TasksDeliveredUpdate* d = delivered.add_updates()->mutable_tasks_delivered();
-    d->set_worker_address(addr);
-    for (const proto::TaskDef& def : w2.pending_new) {
-      d->add_task_ids(def.task_id());
-      *resp->add_new_tasks() = def;
-    }
-    SLUICE_RETURN_IF_ERROR(RecordLocked(delivered));
-  }
-  for (int64_t id : w2.pending_delete) resp->add_tasks_to_delete(id);
-  w2.pending_delete.clear();
-  w2.last_heartbeat = clock_();
-  resp->set_worker_timeout_ms(config_.worker_timeout_ms);
   return absl::OkStatus();
 }
 
@@ -1521,52 +1673,74 @@ absl::Status DispatcherImpl::GetOrCreateIterationUnsynced(const proto::GetOrCrea
 
 // ---- clients --------------------------------------------------------------------
 
-absl::Status DispatcherImpl::ClientHeartbeatUnsynced(const proto::ClientHeartbeatRequest& req,
-                                             proto::ClientHeartbeatResponse* resp,
-                                             const IsCancelled& cancelled) {
-  const int64_t known_version = req.known_version();
-  const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), MaxClientWait());
-  absl::MutexLock l(&mu_);
-  auto cit = clients_.find(req.iteration_client_id());
-  if (cit == clients_.end()) {
-    return absl::NotFoundError(absl::StrCat("iteration client ", req.iteration_client_id(),
-                                            " is unknown (released or timed out)"));
-  }
-  cit->second.last_heartbeat = clock_();
-  int64_t iteration_id = cit->second.iteration_id;
-  if (cit->second.consumer_index >= 0) {
-    auto iit = iterations_.find(iteration_id);
-    if (iit != iterations_.end()) {
-      CoordinateLocked(iit->second, cit->second.consumer_index, req.current_round(),
-                       req.blocked_round());
+DispatcherImpl::PollFn DispatcherImpl::ClientHeartbeatPoll(const proto::ClientHeartbeatRequest& req,
+                                                           proto::ClientHeartbeatResponse* resp) {
+  return [this, &req, resp, iteration_id = int64_t{-1}](PollStep* step) mutable
+         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    const int64_t known_version = req.known_version();
+    auto cit = clients_.find(req.iteration_client_id());
+    if (iteration_id < 0) {  // the first step
+      if (cit == clients_.end()) {
+        return absl::NotFoundError(absl::StrCat("iteration client ", req.iteration_client_id(),
+                                                " is unknown (released or timed out)"));
+      }
+      cit->second.last_heartbeat = clock_();
+      iteration_id = cit->second.iteration_id;
+      if (cit->second.consumer_index >= 0) {
+        auto iit = iterations_.find(iteration_id);
+        if (iit != iterations_.end()) {
+          CoordinateLocked(iit->second, cit->second.consumer_index, req.current_round(),
+                           req.blocked_round());
+        }
+      }
+      auto changed = [this, known_version, id = iteration_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        auto it = iterations_.find(id);
+        return shutdown_ || it == iterations_.end() || it->second.version != known_version;
+      };
+      const absl::Duration wait = std::min(absl::Milliseconds(req.wait_ms()), MaxClientWait());
+      if (wait > absl::ZeroDuration() && !changed()) {
+        *step = {true, VersionKey(iteration_id), changed, absl::Now() + wait};
+        return absl::OkStatus();
+      }
     }
-  }
-  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = iterations_.find(iteration_id);
-    return shutdown_ || it == iterations_.end() || it->second.version != known_version;
+    if (cit != clients_.end()) cit->second.last_heartbeat = clock_();
+    auto iit = iterations_.find(iteration_id);
+    if (iit == iterations_.end()) {
+      return absl::NotFoundError(absl::StrCat("iteration ", iteration_id, " no longer exists"));
+    }
+    const Iteration& it = iit->second;
+    // The client ends iff it sees the same finished state we record it on.
+    if (req.at_end() && cit != clients_.end() && !cit->second.at_end && it.finished &&
+        known_version == it.version) {
+      proto::JournalRecord rec;
+      rec.add_updates()->mutable_client_at_end()->set_client_id(cit->first);
+      SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
+    }
+    FillClientHeartbeatLocked(it, cit != clients_.end() ? cit->second.host_id : std::string(),
+                              known_version, resp);
+    return absl::OkStatus();
   };
-  if (wait > absl::ZeroDuration() && !changed() &&
-      !AwaitLocked(VersionKey(iteration_id), changed, wait, cancelled)) {
-    return absl::CancelledError("ClientHeartbeat: the caller went away");
-  }
-  cit = clients_.find(req.iteration_client_id());
-  if (cit != clients_.end()) cit->second.last_heartbeat = clock_();
-  auto iit = iterations_.find(iteration_id);
-  if (iit == iterations_.end()) {
-    return absl::NotFoundError(absl::StrCat("iteration ", iteration_id, " no longer exists"));
-  }
-  const Iteration& it = iit->second;
-  // The client ends iff it sees the same finished state we record it on.
-  if (req.at_end() && cit != clients_.end() && !cit->second.at_end && it.finished &&
-      req.known_version() == it.version) {
-    proto::JournalRecord rec;
-    rec.add_updates()->mutable_client_at_end()->set_client_id(cit->first);
-    SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
-  }
+}
+
+absl::Status DispatcherImpl::ClientHeartbeatUnsynced(const proto::ClientHeartbeatRequest& req,
+                                                     proto::ClientHeartbeatResponse* resp,
+                                                     const IsCancelled& cancelled) {
+  PollFn poll = ClientHeartbeatPoll(req, resp);
+  absl::MutexLock l(&mu_);
+  return RunPollLocked(poll, cancelled);
+}
+
+void DispatcherImpl::FillClientHeartbeatLocked(const Iteration& it, const std::string& host,
+                                               int64_t known_version,
+                                               proto::ClientHeartbeatResponse* resp) {
+  // Nothing a client sees changed (the poll ran out): the client keeps the
+  // task list it has. With thousands of workers the list is most of the
+  // dispatcher's work otherwise (sluice-perf dispatcher).
+  resp->set_tasks_unchanged(it.version == known_version);
   auto job = jobs_.find(it.job_id);
   const bool local = job != jobs_.end() && job->second.target_workers == proto::TARGET_WORKERS_LOCAL;
-  const std::string host = cit != clients_.end() ? cit->second.host_id : std::string();
   for (int64_t id : it.tasks) {
+    if (resp->tasks_unchanged()) break;
     const Task& t = tasks_.at(id);
     if (t.pending) continue;
     if (local && t.host_id != host) continue;  // another consumer host's workers
@@ -1589,7 +1763,6 @@ absl::Status DispatcherImpl::ClientHeartbeatUnsynced(const proto::ClientHeartbea
   resp->set_block_round(it.pending_tasks.empty() ? -1 : it.target_round);
   if (!it.error.ok()) *resp->mutable_error() = ToProto(it.error);
   resp->set_version(it.version);
-  return absl::OkStatus();
 }
 
 void DispatcherImpl::CoordinateLocked(Iteration& it, int64_t consumer_index,
@@ -1898,12 +2071,13 @@ absl::Status DispatcherImpl::AssignSplitLocked(const proto::AssignSplitUpdate& u
   return absl::OkStatus();
 }
 
-absl::Status DispatcherImpl::GetSplitUnsynced(const proto::GetSplitRequest& req,
-                                      proto::GetSplitResponse* resp,
-                                      const IsCancelled& cancelled) {
+DispatcherImpl::PollFn DispatcherImpl::GetSplitPoll(const proto::GetSplitRequest& req,
+                                                    proto::GetSplitResponse* resp) {
   const absl::Time deadline = clock_() + absl::Milliseconds(std::max<int64_t>(0, req.wait_ms()));
-  absl::MutexLock l(&mu_);
-  while (true) {
+  // Each step completes what the request reports and plans a split; when
+  // none is ready yet it waits for a change to the iteration's splits.
+  return [this, &req, resp, deadline](PollStep* step)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     auto t = tasks_.find(req.task_id());
     if (t == tasks_.end()) {
       return absl::NotFoundError(
@@ -1961,18 +2135,26 @@ absl::Status DispatcherImpl::GetSplitUnsynced(const proto::GetSplitRequest& req,
       *resp->mutable_split() = assign.updates(0).assign_split().split();
       return absl::OkStatus();
     }
-    if (!resp->not_ready() || shutdown_ || clock_() >= deadline) return absl::OkStatus();
+    if (!resp->not_ready() || shutdown_ || step->timed_out || clock_() >= deadline) {
+      return absl::OkStatus();
+    }
     // Wait for a change to the splits (a completion, a reassignment).
     const int64_t iteration_id = it.id, seen = it.split_version;
     auto changed = [this, iteration_id, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto i = iterations_.find(iteration_id);
       return shutdown_ || i == iterations_.end() || i->second.split_version != seen;
     };
-    if (!AwaitLocked(SplitsKey(iteration_id), changed, deadline - clock_(), cancelled)) {
-      return absl::CancelledError("GetSplit: the caller went away");
-    }
-    if (!changed()) return absl::OkStatus();  // still not ready
-  }
+    *step = {true, SplitsKey(iteration_id), changed, absl::Now() + (deadline - clock_())};
+    return absl::OkStatus();
+  };
+}
+
+absl::Status DispatcherImpl::GetSplitUnsynced(const proto::GetSplitRequest& req,
+                                              proto::GetSplitResponse* resp,
+                                              const IsCancelled& cancelled) {
+  PollFn poll = GetSplitPoll(req, resp);
+  absl::MutexLock l(&mu_);
+  return RunPollLocked(poll, cancelled);
 }
 
 // ---- introspection ------------------------------------------------------------------

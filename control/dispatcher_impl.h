@@ -91,6 +91,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -122,6 +123,7 @@ class DispatcherImpl {
   using WorkerProbe = std::function<absl::Status(const proto::WorkerHeartbeatRequest&)>;
   explicit DispatcherImpl(DispatcherConfig config, Clock clock = absl::Now,
                           WorkerProbe probe = {});
+  ~DispatcherImpl();  // Shutdown(), then joins the thread that answers parked polls
 
   // Liveness. A worker (client) is alive for worker_timeout_ms
   // (client_timeout_ms) from the arrival of its last heartbeat, and again
@@ -198,6 +200,24 @@ class DispatcherImpl {
                         const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires workers and clients, collects idle iterations.
+  // Long polls without a thread each (the gRPC callback server). Start*
+  // answers at once or parks the poll; `done` runs exactly once, holding no
+  // lock, with `resp` filled: at once, when what the poll waits for
+  // changes, when its wait runs out, at Shutdown, or with Cancelled after
+  // CancelPoll(id). `req` and `resp` must live until then. `id` comes from
+  // NewPollId() (before Start*, so that a cancellation can name it).
+  using PollDone = std::function<void(absl::Status)>;
+  int64_t NewPollId() ABSL_LOCKS_EXCLUDED(mu_);
+  void StartWorkerHeartbeat(int64_t id, const proto::WorkerHeartbeatRequest& req,
+                            proto::WorkerHeartbeatResponse* resp, PollDone done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void StartClientHeartbeat(int64_t id, const proto::ClientHeartbeatRequest& req,
+                            proto::ClientHeartbeatResponse* resp, PollDone done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void StartGetSplit(int64_t id, const proto::GetSplitRequest& req, proto::GetSplitResponse* resp,
+                     PollDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  void CancelPoll(int64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
   // Wakes long polls and makes later ones return at once.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
@@ -369,6 +389,49 @@ class DispatcherImpl {
   // change to its splits the split version: these wake their polls.
   void BumpVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpSplitVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A long poll as steps, each run under mu_: the first does the request's
+  // work and either answers (fills the reply) or asks to wait (sets
+  // `wait`, with the key to be woken by, the condition and the deadline);
+  // each later step runs when the wait ends (`timed_out` says whether the
+  // condition never held) and answers or waits again. Run by a thread
+  // that waits (RunPollLocked: the synchronous RPCs, tests) or parked
+  // without one (StartPoll: the poll thread runs the steps).
+  struct PollStep {
+    bool wait = false;
+    PollKey key;
+    std::function<bool()> ready;
+    absl::Time deadline;
+    bool timed_out = false;  // in: the previous wait ran out
+  };
+  using PollFn = std::function<absl::Status(PollStep*)>;
+  absl::Status RunPollLocked(PollFn& poll, const IsCancelled& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  struct Parked {
+    PollFn poll;
+    PollStep step;
+    PollDone done;
+  };
+  void ParkLocked(int64_t id, Parked parked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<Parked> UnparkLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PollThread() ABSL_LOCKS_EXCLUDED(mu_);
+  // The long polls' steps. WorkerHeartbeatPoll checks a new worker's
+  // addresses first, without the lock.
+  absl::StatusOr<PollFn> WorkerHeartbeatPoll(const proto::WorkerHeartbeatRequest& req,
+                                             proto::WorkerHeartbeatResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WorkerHeartbeatBeginLocked(const proto::WorkerHeartbeatRequest& req,
+                                          const std::string& transfer_address,
+                                          const std::string& protocol,
+                                          const std::function<bool(const Worker&)>& moved)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PollFn ClientHeartbeatPoll(const proto::ClientHeartbeatRequest& req,
+                             proto::ClientHeartbeatResponse* resp);
+  void FillClientHeartbeatLocked(const Iteration& it, const std::string& host,
+                                 int64_t known_version, proto::ClientHeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PollFn GetSplitPoll(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp);
+
   // Checks a registering worker's request: InvalidArgument unless its
   // addresses are dialable host:port and its protocol is grpc or ucx.
   static absl::Status ValidateRegistration(const proto::WorkerHeartbeatRequest& req);
@@ -454,6 +517,16 @@ class DispatcherImpl {
   // The condition variables of the long polls waiting now, by key (a key's
   // entry lives while a poll waits on it).
   std::map<PollKey, std::shared_ptr<absl::CondVar>> polls_ ABSL_GUARDED_BY(mu_);
+  // Parked long polls (StartPoll), by id, by key and by deadline; the ids
+  // woken since the poll thread last looked; the thread (started with the
+  // first parked poll).
+  std::map<int64_t, Parked> parked_ ABSL_GUARDED_BY(mu_);
+  std::map<PollKey, std::set<int64_t>> parked_by_key_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, int64_t>> parked_deadlines_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> runnable_ ABSL_GUARDED_BY(mu_);
+  int64_t next_poll_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::CondVar poll_cv_;
+  std::thread poll_thread_;
   // Written by the one writer of the moment (journal_writing_) without mu_;
   // the pointer is set once, by OpenJournal.
   std::unique_ptr<JournalWriter> journal_;

@@ -380,7 +380,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return grpc::SslServerCredentials(o);
 }
 
-grpc::Status CheckAuthToken(const grpc::ServerContext& ctx, const std::string& expected,
+grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx, const std::string& expected,
                             absl::string_view who) {
   if (expected.empty()) return grpc::Status::OK;
   bool presented = false;

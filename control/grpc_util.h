@@ -84,7 +84,7 @@ inline constexpr char kAuthScheme[] = "Bearer ";
 // auth). Every RPC handler of an authenticated service calls it first; a
 // service that must stay open (grpc.health.v1) simply does not.
 // Unauthenticated, naming `who`, when the call lacks the token.
-grpc::Status CheckAuthToken(const grpc::ServerContext& ctx, const std::string& expected,
+grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx, const std::string& expected,
                             absl::string_view who);
 
 // Deadline helper for client contexts.

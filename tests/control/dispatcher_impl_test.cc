@@ -2180,6 +2180,144 @@ TEST_F(JournalTest, TheJournalIsCompactedAsItGrows) {
   }
 }
 
+// Parked long polls (the gRPC callback server's path): no thread waits;
+// a change answers the poll, so does its deadline, a cancellation (with
+// Cancelled) or Shutdown, and each exactly once.
+class ParkedPollTest : public DispatcherImplTest {
+ protected:
+  struct Answer {
+    absl::Notification done;
+    absl::Status status;
+    int calls = 0;
+  };
+  internal::DispatcherImpl::PollDone Into(Answer* a) {
+    return [a](absl::Status s) {
+      a->status = std::move(s);
+      if (++a->calls == 1) a->done.Notify();
+    };
+  }
+};
+
+TEST_F(ParkedPollTest, AChangeAnswersAParkedClientHeartbeatAndTheDeadlineAnotherOne) {
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(10));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  ASSERT_OK_AND_ASSIGN(auto first, ClientHb(it.iteration_client_id()));
+  EXPECT_FALSE(first.tasks_unchanged());
+  proto::ClientHeartbeatRequest req;
+  req.set_iteration_client_id(it.iteration_client_id());
+  req.set_known_version(first.version());
+  req.set_wait_ms(10000);
+  proto::ClientHeartbeatResponse resp;
+  Answer a;
+  d_->StartClientHeartbeat(d_->NewPollId(), req, &resp, Into(&a));
+  EXPECT_FALSE(a.done.HasBeenNotified()) << "nothing changed: the poll must wait";
+  ASSERT_OK(WorkerHb(kW1).status());  // a worker joins: the iteration gets a task
+  ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_OK(a.status);
+  EXPECT_GT(resp.version(), first.version());
+  EXPECT_FALSE(resp.tasks_unchanged());
+  EXPECT_EQ(resp.tasks_size(), 1);
+  // Nothing changes now: the deadline answers, and the task list is not
+  // sent again.
+  req.set_known_version(resp.version());
+  req.set_wait_ms(200);
+  proto::ClientHeartbeatResponse again;
+  Answer b;
+  const absl::Time start = absl::Now();
+  d_->StartClientHeartbeat(d_->NewPollId(), req, &again, Into(&b));
+  ASSERT_TRUE(b.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  ASSERT_OK(b.status);
+  EXPECT_TRUE(again.tasks_unchanged());
+  EXPECT_EQ(again.tasks_size(), 0);
+  EXPECT_EQ(again.version(), resp.version());
+  EXPECT_EQ(a.calls, 1);
+  EXPECT_EQ(b.calls, 1);
+}
+
+TEST_F(ParkedPollTest, NewTasksAnswerAParkedWorkerHeartbeat) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  proto::WorkerHeartbeatRequest req;
+  req.set_worker_address(kW1);
+  req.set_wait_ms(10000);
+  proto::WorkerHeartbeatResponse resp;
+  Answer a;
+  d_->StartWorkerHeartbeat(d_->NewPollId(), req, &resp, Into(&a));
+  EXPECT_FALSE(a.done.HasBeenNotified());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(10));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK(Iteration(job).status());
+  ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_OK(a.status);
+  EXPECT_EQ(resp.new_tasks_size(), 1);
+}
+
+TEST_F(ParkedPollTest, ACompletedSplitAnswersAParkedGetSplit) {
+  DispatcherConfig config = TestConfig();
+  config.range_split_elements = 5;
+  Reset(config);
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));  // one split
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "one-split", proto::DISTRIBUTED_EPOCH));
+  ASSERT_OK(Iteration(job).status());
+  ASSERT_OK_AND_ASSIGN(auto hb1, WorkerHb(kW1));
+  ASSERT_OK_AND_ASSIGN(auto hb2, WorkerHb(kW2));
+  const int64_t t1 = hb1.new_tasks(0).task_id(), t2 = hb2.new_tasks(0).task_id();
+  proto::GetSplitRequest get;
+  get.set_worker_address(kW1);
+  get.set_task_id(t1);
+  proto::GetSplitResponse got;
+  ASSERT_OK(d_->GetSplit(get, &got));
+  ASSERT_TRUE(got.has_split());
+  // The other task waits: the only split is held.
+  proto::GetSplitRequest wait;
+  wait.set_worker_address(kW2);
+  wait.set_task_id(t2);
+  wait.set_wait_ms(10000);
+  proto::GetSplitResponse waited;
+  Answer a;
+  d_->StartGetSplit(d_->NewPollId(), wait, &waited, Into(&a));
+  EXPECT_FALSE(a.done.HasBeenNotified());
+  proto::GetSplitRequest report;
+  report.set_worker_address(kW1);
+  report.set_task_id(t1);
+  report.set_report_only(true);
+  report.add_completed_splits(got.split().split_id());
+  proto::GetSplitResponse reported;
+  ASSERT_OK(d_->GetSplit(report, &reported));
+  ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_OK(a.status);
+  EXPECT_TRUE(waited.end_of_splits()) << waited.DebugString();
+}
+
+TEST_F(ParkedPollTest, CancelAndShutdownAnswerParkedPollsOnce) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK(WorkerHb(kW2).status());
+  proto::WorkerHeartbeatRequest r1, r2;
+  r1.set_worker_address(kW1);
+  r1.set_wait_ms(10000);
+  r2.set_worker_address(kW2);
+  r2.set_wait_ms(10000);
+  proto::WorkerHeartbeatResponse p1, p2;
+  Answer a, b;
+  const int64_t id = d_->NewPollId();
+  d_->StartWorkerHeartbeat(id, r1, &p1, Into(&a));
+  d_->StartWorkerHeartbeat(d_->NewPollId(), r2, &p2, Into(&b));
+  d_->CancelPoll(id);
+  ASSERT_TRUE(a.done.HasBeenNotified());
+  EXPECT_TRUE(absl::IsCancelled(a.status)) << a.status;
+  d_->CancelPoll(id);  // again: nothing
+  EXPECT_FALSE(b.done.HasBeenNotified());
+  d_->Shutdown();
+  ASSERT_TRUE(b.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_OK(b.status);
+  d_.reset();
+  EXPECT_EQ(a.calls, 1);
+  EXPECT_EQ(b.calls, 1);
+}
+
 // Group commit: a reply means durable. A child process runs a dispatcher
 // under 8 concurrent callers and dies (_exit, as a kill: nothing flushed,
 // no destructor) in its n-th journal write, before the write or between
