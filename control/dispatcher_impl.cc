@@ -217,17 +217,32 @@ int64_t DispatcherImpl::NewPollId() {
 
 void DispatcherImpl::StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone done) {
   absl::Status s = poll.status();
-  if (s.ok()) {
+  {
     absl::MutexLock l(&mu_);
     PollStep step;
-    s = (*poll)(&step);
+    if (s.ok()) s = (*poll)(&step);
     if (s.ok() && step.wait && !shutdown_) {
       ParkLocked(id, {*std::move(poll), std::move(step), std::move(done)});
-      if (!poll_thread_.joinable()) poll_thread_ = std::thread([this] { PollThread(); });
+      return;
+    }
+    // Answered now. Unless what it saw is already durable, the poll thread
+    // sends the reply once it is: a callback thread never waits for a disk.
+    if (journal_ != nullptr && (journal_durable_ < journal_applied_ || !journal_error_.ok())) {
+      QueueReplyLocked(std::move(done), std::move(s));
       return;
     }
   }
-  done(AwaitDurable(std::move(s)));
+  done(std::move(s));
+}
+
+void DispatcherImpl::QueueReplyLocked(PollDone done, absl::Status s) {
+  replies_.push_back({journal_applied_, std::move(done), std::move(s)});
+  EnsurePollThreadLocked();
+  poll_cv_.Signal();
+}
+
+void DispatcherImpl::EnsurePollThreadLocked() {
+  if (!poll_thread_.joinable()) poll_thread_ = std::thread([this] { PollThread(); });
 }
 
 void DispatcherImpl::StartWorkerHeartbeat(int64_t id, const proto::WorkerHeartbeatRequest& req,
@@ -247,6 +262,7 @@ void DispatcherImpl::ParkLocked(int64_t id, Parked parked) {
   parked_by_key_[parked.step.key].insert(id);
   parked_deadlines_.emplace(parked.step.deadline, id);
   parked_.emplace(id, std::move(parked));
+  EnsurePollThreadLocked();
   poll_cv_.Signal();  // the poll thread may sleep past this deadline
 }
 
@@ -275,8 +291,10 @@ void DispatcherImpl::CancelPoll(int64_t id) {
 
 void DispatcherImpl::PollThread() {
   absl::MutexLock l(&mu_);
-  while (!(shutdown_ && parked_.empty())) {
-    // Woken polls, and polls whose wait ran out (all of them at shutdown).
+  while (!(shutdown_ && parked_.empty() && replies_.empty())) {
+    bool progress = false;
+    // Woken polls, and polls whose wait ran out (all of them at shutdown):
+    // their next step, and their reply queued when they answer.
     std::vector<std::pair<int64_t, bool>> due;  // id, timed out
     for (int64_t id : runnable_) due.emplace_back(id, false);
     runnable_.clear();
@@ -285,18 +303,12 @@ void DispatcherImpl::PollThread() {
       if (!shutdown_ && deadline > now) break;
       due.emplace_back(id, true);
     }
-    if (due.empty()) {
-      poll_cv_.WaitWithDeadline(&mu_, parked_deadlines_.empty()
-                                          ? absl::InfiniteFuture()
-                                          : parked_deadlines_.begin()->first);
-      continue;
-    }
-    std::vector<std::pair<PollDone, absl::Status>> answered;
     for (const auto& [id, timed_out] : due) {
       auto p = parked_.find(id);
       if (p == parked_.end()) continue;  // answered or cancelled already
       const bool ready = p->second.step.ready();
       if (!timed_out && !ready) continue;  // a wake-up that did not concern it
+      progress = true;
       Parked parked = *UnparkLocked(id);
       PollStep step;
       step.timed_out = !ready;
@@ -304,15 +316,35 @@ void DispatcherImpl::PollThread() {
       if (s.ok() && step.wait && !shutdown_) {
         ParkLocked(id, {std::move(parked.poll), std::move(step), std::move(parked.done)});
       } else {
-        answered.emplace_back(std::move(parked.done), std::move(s));
+        replies_.push_back({journal_applied_, std::move(parked.done), std::move(s)});
       }
     }
-    if (answered.empty()) continue;
-    mu_.Unlock();
-    // The replies go out once what they saw is durable (one wait for all).
-    const absl::Status durable = AwaitDurable(absl::OkStatus());
-    for (auto& [done, s] : answered) done(durable.ok() ? std::move(s) : durable);
-    mu_.Lock();
+    // Group commit for the replies: write what they wait for (unless a
+    // writer runs: its end wakes this thread).
+    if (!replies_.empty() && journal_ != nullptr && journal_error_.ok() && !journal_writing_ &&
+        journal_durable_ < replies_.back().target) {
+      WriteJournalLocked();  // releases mu_ while it writes
+      progress = true;
+    }
+    // The replies whose state is durable (every one, failing, once the
+    // journal failed) go out, in order, without the lock.
+    const bool failed = journal_ != nullptr && !journal_error_.ok();
+    std::vector<PendingReply> send;
+    while (!replies_.empty() &&
+           (journal_ == nullptr || failed || replies_.front().target <= journal_durable_)) {
+      send.push_back(std::move(replies_.front()));
+      replies_.pop_front();
+    }
+    if (!send.empty()) {
+      const absl::Status error = failed ? journal_error_ : absl::OkStatus();
+      mu_.Unlock();
+      for (PendingReply& r : send) r.done(error.ok() ? std::move(r.status) : error);
+      mu_.Lock();
+      continue;
+    }
+    if (progress) continue;
+    poll_cv_.WaitWithDeadline(&mu_, parked_deadlines_.empty() ? absl::InfiniteFuture()
+                                                              : parked_deadlines_.begin()->first);
   }
 }
 
@@ -415,8 +447,12 @@ void DispatcherImpl::WriteJournalLocked() {
   batch.swap(journal_queue_);
   const int64_t upto = journal_applied_;
   // The snapshot holds every change applied so far, the batch's included.
+  // Records and bytes: a snapshot of a big fleet (hundreds of thousands of
+  // tasks) is large while the records that follow (splits) are small, so
+  // counting records alone would rewrite it every few seconds.
   const bool compact =
-      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_);
+      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_) &&
+      journal_->size() >= 4 * bytes_in_last_snapshot_;
   std::vector<std::string> snapshot;
   if (compact) snapshot = SnapshotLocked();
   JournalWriter* journal = journal_.get();
@@ -438,6 +474,7 @@ void DispatcherImpl::WriteJournalLocked() {
       records_in_journal_ += journal_applied_ - upto;  // queued while the snapshot was written
     } else {
       records_in_last_snapshot_ = records_in_journal_;  // do not retry at every write
+      bytes_in_last_snapshot_ = journal->size();
     }
   }
   if (written.ok()) {
@@ -451,6 +488,7 @@ void DispatcherImpl::WriteJournalLocked() {
         "); it must be restarted, retry later"));
   }
   journal_cv_.SignalAll();
+  poll_cv_.Signal();  // replies waiting in the poll thread may go out
 }
 
 void DispatcherImpl::CompactedLocked(size_t records, uint64_t bytes_before) {
@@ -458,6 +496,7 @@ void DispatcherImpl::CompactedLocked(size_t records, uint64_t bytes_before) {
                "records ({} bytes)",
                records_in_journal_, bytes_before, records, journal_->size());
   records_in_journal_ = records_in_last_snapshot_ = static_cast<int64_t>(records);
+  bytes_in_last_snapshot_ = journal_->size();
   ++stats_.journal_compactions;
 }
 
@@ -905,6 +944,8 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
         if (t != tasks_.end()) {
           t->second.pending = false;
           t->second.starting_round = r.starting_round();
+          t->second.info_version = it.version + 1;  // the version bumped below
+          it.task_changes.emplace(t->second.info_version, id);
         }
         it.pending_tasks.erase(std::remove(it.pending_tasks.begin(), it.pending_tasks.end(), id),
                                it.pending_tasks.end());
@@ -976,6 +1017,7 @@ absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
     it.started = true;
     if (it.clients.empty()) it.idle_since = now;
     it.version += version_jump;
+    it.delta_base = it.version;  // versions clients knew before are not this dispatcher's
   }
   for (auto& [addr, w] : workers_) w.last_heartbeat = now;
   for (auto& [id, c] : clients_) c.last_heartbeat = now;
@@ -1104,6 +1146,8 @@ absl::Status DispatcherImpl::CreateTaskLocked(const proto::CreateTaskUpdate& u) 
   it.tasks.insert(t.id);
   it.finished = false;  // a late joiner's task runs
   BumpVersionLocked(it);
+  t.info_version = it.version;
+  it.task_changes.emplace(t.info_version, t.id);
   next_id_ = std::max(next_id_, t.id + 1);
   tasks_.emplace(t.id, std::move(t));
   return absl::OkStatus();
@@ -1160,6 +1204,8 @@ void DispatcherImpl::FinishTaskLocked(Task& t, bool lost) {
   auto it = iterations_.find(t.iteration_id);
   if (it == iterations_.end()) return;
   BumpVersionLocked(it->second);
+  t.info_version = it->second.version;
+  it->second.task_changes.emplace(t.info_version, t.id);
   UpdateFinishedLocked(it->second);
 }
 
@@ -1733,15 +1779,26 @@ absl::Status DispatcherImpl::ClientHeartbeatUnsynced(const proto::ClientHeartbea
 void DispatcherImpl::FillClientHeartbeatLocked(const Iteration& it, const std::string& host,
                                                int64_t known_version,
                                                proto::ClientHeartbeatResponse* resp) {
-  // Nothing a client sees changed (the poll ran out): the client keeps the
-  // task list it has. With thousands of workers the list is most of the
-  // dispatcher's work otherwise (sluice-perf dispatcher).
-  resp->set_tasks_unchanged(it.version == known_version);
+  // A client that knows a version of this dispatcher's gets only the tasks
+  // added or changed since (none when the poll ran out): with thousands of
+  // workers, every consumer receiving the whole list at every change was
+  // most of the dispatcher's work (sluice-perf dispatcher).
+  const bool delta = known_version >= it.delta_base && known_version <= it.version;
+  resp->set_tasks_delta(delta);
   auto job = jobs_.find(it.job_id);
   const bool local = job != jobs_.end() && job->second.target_workers == proto::TARGET_WORKERS_LOCAL;
-  for (int64_t id : it.tasks) {
-    if (resp->tasks_unchanged()) break;
-    const Task& t = tasks_.at(id);
+  std::vector<int64_t> changed;
+  if (delta) {
+    for (auto c = it.task_changes.upper_bound(known_version); c != it.task_changes.end(); ++c) {
+      changed.push_back(c->second);
+    }
+    std::sort(changed.begin(), changed.end());
+    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+  }
+  for (int64_t id : delta ? changed : std::vector<int64_t>(it.tasks.begin(), it.tasks.end())) {
+    auto found = tasks_.find(id);
+    if (found == tasks_.end() || !it.tasks.count(id)) continue;
+    const Task& t = found->second;
     if (t.pending) continue;
     if (local && t.host_id != host) continue;  // another consumer host's workers
     proto::TaskInfo* info = resp->add_tasks();

@@ -146,8 +146,8 @@ class DispatcherImpl {
   // replay.
   std::string DurableStateString() ABSL_LOCKS_EXCLUDED(mu_);
   // Compaction: the journal is rewritten as a snapshot of the state once it
-  // holds `min_records` records and four times as many as the last
-  // snapshot (so it stays within a few times the state's size).
+  // holds `min_records` records, and four times the records and the bytes
+  // of the last snapshot (so it stays within a few times the state's size).
   // CompactJournal() does it now.
   static constexpr int64_t kCompactionMinRecords = 10000;
   void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
@@ -287,6 +287,12 @@ class DispatcherImpl {
     absl::Status error;
     absl::Time idle_since;  // when the last client left
     int64_t version = 0;    // bumped on every change clients can see
+    // ClientHeartbeat answers a known_version at or above this with the
+    // tasks changed since (Task::info_version), a lower one with all.
+    int64_t delta_base = 0;
+    // (info_version, task id) of every change to a task's TaskInfo, so a
+    // delta costs what changed, not the iteration's task count.
+    std::multimap<int64_t, int64_t> task_changes;
     std::unique_ptr<SplitProvider> splits;  // distributed_epoch only
     int64_t split_version = 0;              // bumped when splits change (wakes GetSplit)
     // Coordinated reads. Tasks created after the iteration started join at
@@ -312,6 +318,7 @@ class DispatcherImpl {
     int64_t shard = -1;             // static sharding: the shard it reads
     int64_t starting_round = 0;     // coordinated reads
     bool pending = false;           // coordinated reads: not yet joined
+    int64_t info_version = 0;       // its iteration's version when its TaskInfo last changed
   };
   struct Worker {
     std::string address, transfer_address, protocol;
@@ -415,6 +422,15 @@ class DispatcherImpl {
   void ParkLocked(int64_t id, Parked parked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Parked> UnparkLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollThread() ABSL_LOCKS_EXCLUDED(mu_);
+  void EnsurePollThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A reply to send once the journal holds every change applied before it
+  // (`target` records): the poll thread writes and sends.
+  struct PendingReply {
+    int64_t target = 0;
+    PollDone done;
+    absl::Status status;
+  };
+  void QueueReplyLocked(PollDone done, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The long polls' steps. WorkerHeartbeatPoll checks a new worker's
   // addresses first, without the lock.
   absl::StatusOr<PollFn> WorkerHeartbeatPoll(const proto::WorkerHeartbeatRequest& req,
@@ -524,6 +540,7 @@ class DispatcherImpl {
   std::map<PollKey, std::set<int64_t>> parked_by_key_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, int64_t>> parked_deadlines_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> runnable_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingReply> replies_ ABSL_GUARDED_BY(mu_);  // targets ascending
   int64_t next_poll_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::CondVar poll_cv_;
   std::thread poll_thread_;
@@ -540,6 +557,7 @@ class DispatcherImpl {
   int64_t compaction_min_records_ ABSL_GUARDED_BY(mu_) = kCompactionMinRecords;
   int64_t records_in_journal_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t records_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_worker_index_ ABSL_GUARDED_BY(mu_) = 0;
   // Static sharding: the worker address holding each worker_addresses entry

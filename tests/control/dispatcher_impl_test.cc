@@ -2203,7 +2203,7 @@ TEST_F(ParkedPollTest, AChangeAnswersAParkedClientHeartbeatAndTheDeadlineAnother
   ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
   ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
   ASSERT_OK_AND_ASSIGN(auto first, ClientHb(it.iteration_client_id()));
-  EXPECT_FALSE(first.tasks_unchanged());
+  EXPECT_FALSE(first.tasks_delta());
   proto::ClientHeartbeatRequest req;
   req.set_iteration_client_id(it.iteration_client_id());
   req.set_known_version(first.version());
@@ -2216,7 +2216,7 @@ TEST_F(ParkedPollTest, AChangeAnswersAParkedClientHeartbeatAndTheDeadlineAnother
   ASSERT_TRUE(a.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   ASSERT_OK(a.status);
   EXPECT_GT(resp.version(), first.version());
-  EXPECT_FALSE(resp.tasks_unchanged());
+  EXPECT_TRUE(resp.tasks_delta());
   EXPECT_EQ(resp.tasks_size(), 1);
   // Nothing changes now: the deadline answers, and the task list is not
   // sent again.
@@ -2229,11 +2229,53 @@ TEST_F(ParkedPollTest, AChangeAnswersAParkedClientHeartbeatAndTheDeadlineAnother
   ASSERT_TRUE(b.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
   ASSERT_OK(b.status);
-  EXPECT_TRUE(again.tasks_unchanged());
+  EXPECT_TRUE(again.tasks_delta());
   EXPECT_EQ(again.tasks_size(), 0);
   EXPECT_EQ(again.version(), resp.version());
   EXPECT_EQ(a.calls, 1);
   EXPECT_EQ(b.calls, 1);
+}
+
+// A client that knows a version gets only what changed since: new tasks,
+// lost ones; one that knows none (or another dispatcher's) gets them all.
+TEST_F(ParkedPollTest, ClientHeartbeatsCarryOnlyTheTasksChangedSinceTheKnownVersion) {
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(10));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds));
+  ASSERT_OK_AND_ASSIGN(auto it, Iteration(job));
+  auto hb = [&](int64_t known) {
+    proto::ClientHeartbeatRequest req;
+    req.set_iteration_client_id(it.iteration_client_id());
+    req.set_known_version(known);
+    proto::ClientHeartbeatResponse resp;
+    EXPECT_OK(d_->ClientHeartbeat(req, &resp));
+    return resp;
+  };
+  auto ids = [](const proto::ClientHeartbeatResponse& r) {
+    std::set<std::string> out;
+    for (const auto& t : r.tasks()) out.insert(absl::StrCat(t.worker_address(), t.lost() ? " lost" : ""));
+    return out;
+  };
+  const proto::ClientHeartbeatResponse first = hb(-1);
+  EXPECT_FALSE(first.tasks_delta());
+  EXPECT_THAT(ids(first), UnorderedElementsAre(kW1));
+  ASSERT_OK(WorkerHb(kW2).status());
+  const proto::ClientHeartbeatResponse second = hb(first.version());
+  EXPECT_TRUE(second.tasks_delta());
+  EXPECT_THAT(ids(second), UnorderedElementsAre(kW2)) << "only the new worker's task";
+  EXPECT_TRUE(hb(second.version()).tasks().empty()) << "nothing changed";
+  // kW1 restarts without its task: it is lost.
+  ASSERT_OK_AND_ASSIGN(auto w1, WorkerHb(kW1));
+  (void)w1;
+  ASSERT_OK(WorkerHb(kW1, {}).status());
+  const proto::ClientHeartbeatResponse third = hb(second.version());
+  EXPECT_TRUE(third.tasks_delta());
+  EXPECT_TRUE(ids(third).count(absl::StrCat(kW1, " lost")) == 1) << third.DebugString();
+  EXPECT_EQ(ids(third).count(kW2), 0u);
+  // A version from the future (another dispatcher's): everything again.
+  const proto::ClientHeartbeatResponse full = hb(third.version() + 1000);
+  EXPECT_FALSE(full.tasks_delta());
+  EXPECT_GE(full.tasks_size(), 2);
 }
 
 TEST_F(ParkedPollTest, NewTasksAnswerAParkedWorkerHeartbeat) {
