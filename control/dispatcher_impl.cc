@@ -351,6 +351,7 @@ void DispatcherImpl::PollThread() {
 DispatcherImpl::~DispatcherImpl() {
   Shutdown();
   if (poll_thread_.joinable()) poll_thread_.join();
+  if (compact_thread_.joinable()) compact_thread_.join();
 }
 
 absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRequest& req) {
@@ -446,37 +447,31 @@ void DispatcherImpl::WriteJournalLocked() {
   std::vector<std::string> batch;
   batch.swap(journal_queue_);
   const int64_t upto = journal_applied_;
-  // The snapshot holds every change applied so far, the batch's included.
+  // Records after a snapshot being written go into the compacted journal
+  // too, when it is installed.
+  if (compacting_) retained_.insert(retained_.end(), batch.begin(), batch.end());
   // Records and bytes: a snapshot of a big fleet (hundreds of thousands of
   // tasks) is large while the records that follow (splits) are small, so
   // counting records alone would rewrite it every few seconds.
-  const bool compact =
-      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_) &&
-      journal_->size() >= 4 * bytes_in_last_snapshot_;
-  std::vector<std::string> snapshot;
-  if (compact) snapshot = SnapshotLocked();
   JournalWriter* journal = journal_.get();
-  const uint64_t bytes_before = journal->size();
-  mu_.Unlock();
-  absl::Status compacted = absl::UnknownError("not compacted");
-  if (compact) compacted = journal->Rewrite(snapshot);
-  if (compact && !compacted.ok()) {
-    // The batch is still to be written; the journal just stays long.
-    spdlog::warn("dispatcher: journal compaction failed: {}", std::string(compacted.message()));
+  if (!compacting_ &&
+      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_) &&
+      journal->size() >= 4 * bytes_in_last_snapshot_) {
+    // The snapshot holds every change applied so far, this batch's too; it
+    // is written by a thread of its own while appends go on.
+    compacting_ = true;
+    compact_upto_ = journal_applied_;
+    if (compact_thread_.joinable()) compact_thread_.join();  // it has left the lock for good
+    compact_thread_ = std::thread(
+        [this, snapshot = SnapshotLocked(), before = journal->size()]() mutable {
+          CompactInBackground(std::move(snapshot), before);
+        });
   }
-  const absl::Status written = compacted.ok() ? absl::OkStatus() : journal->AppendBatch(batch);
+  mu_.Unlock();
+  const absl::Status written = journal->AppendBatch(batch);
   mu_.Lock();
   journal_writing_ = false;
   stats_.journal_syncs = journal->syncs();
-  if (compact) {
-    if (compacted.ok()) {
-      CompactedLocked(snapshot.size(), bytes_before);
-      records_in_journal_ += journal_applied_ - upto;  // queued while the snapshot was written
-    } else {
-      records_in_last_snapshot_ = records_in_journal_;  // do not retry at every write
-      bytes_in_last_snapshot_ = journal->size();
-    }
-  }
   if (written.ok()) {
     journal_durable_ = upto;
   } else {
@@ -491,12 +486,49 @@ void DispatcherImpl::WriteJournalLocked() {
   poll_cv_.Signal();  // replies waiting in the poll thread may go out
 }
 
-void DispatcherImpl::CompactedLocked(size_t records, uint64_t bytes_before) {
+void DispatcherImpl::CompactInBackground(std::vector<std::string> snapshot,
+                                         uint64_t bytes_before) {
+  absl::Status s = journal_->WriteCompacted(snapshot);
+  absl::MutexLock l(&mu_);
+  while (journal_writing_) journal_cv_.Wait(&mu_);
+  if (s.ok()) s = journal_error_;
+  if (s.ok()) {
+    // Every retained record is in the old journal now; the new one gets
+    // them after the snapshot. Appends wait meanwhile (a short write).
+    journal_writing_ = true;
+    std::vector<std::string> tail = std::move(retained_);
+    mu_.Unlock();
+    s = journal_->InstallCompacted(tail);
+    mu_.Lock();
+    journal_writing_ = false;
+    stats_.journal_syncs = journal_->syncs();
+  }
+  compacting_ = false;
+  retained_.clear();
+  if (s.ok()) {
+    CompactedLocked(snapshot, bytes_before);
+    records_in_journal_ += journal_applied_ - compact_upto_;  // applied since the snapshot
+  } else {
+    // The old journal stays in use, whole; it just stays long.
+    spdlog::warn("dispatcher: journal compaction failed: {}", std::string(s.message()));
+    records_in_last_snapshot_ = records_in_journal_;  // do not retry at every write
+    bytes_in_last_snapshot_ = bytes_before;
+  }
+  journal_cv_.SignalAll();
+  poll_cv_.Signal();
+}
+
+void DispatcherImpl::CompactedLocked(const std::vector<std::string>& snapshot,
+                                     uint64_t bytes_before) {
+  // The snapshot's own size (the installed file may hold records appended
+  // while it was written, after it).
+  uint64_t bytes = kJournalHeaderBytes;
+  for (const std::string& r : snapshot) bytes += kJournalRecordHeaderBytes + r.size();
   spdlog::info("dispatcher: journal compacted from {} records ({} bytes) to a snapshot of {} "
                "records ({} bytes)",
-               records_in_journal_, bytes_before, records, journal_->size());
-  records_in_journal_ = records_in_last_snapshot_ = static_cast<int64_t>(records);
-  bytes_in_last_snapshot_ = journal_->size();
+               records_in_journal_, bytes_before, snapshot.size(), bytes);
+  records_in_journal_ = records_in_last_snapshot_ = static_cast<int64_t>(snapshot.size());
+  bytes_in_last_snapshot_ = bytes;
   ++stats_.journal_compactions;
 }
 
@@ -515,7 +547,7 @@ void DispatcherImpl::SetJournalFaultHookForTesting(
 absl::Status DispatcherImpl::CompactJournal() {
   absl::MutexLock l(&mu_);
   if (journal_ == nullptr) return absl::FailedPreconditionError("no journal is open");
-  while (journal_writing_) journal_cv_.Wait(&mu_);
+  while (journal_writing_ || compacting_) journal_cv_.Wait(&mu_);
   SLUICE_RETURN_IF_ERROR(journal_error_);
   return CompactLocked();
 }
@@ -529,7 +561,7 @@ absl::Status DispatcherImpl::CompactLocked() {
   journal_queue_.clear();
   journal_durable_ = journal_applied_;
   stats_.journal_syncs = journal_->syncs();
-  CompactedLocked(records.size(), before);
+  CompactedLocked(records, before);
   return absl::OkStatus();
 }
 

@@ -474,8 +474,13 @@ class DispatcherImpl {
   // snapshot of the state instead), writes and syncs it with mu_ released,
   // then marks it durable and wakes the waiters.
   void WriteJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `snapshot` as the compacted journal while appends go on, then
+  // installs it with the records appended meanwhile (compact_thread_).
+  void CompactInBackground(std::vector<std::string> snapshot, uint64_t bytes_before)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Bookkeeping after a snapshot of `records` replaced the journal.
-  void CompactedLocked(size_t records, uint64_t bytes_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompactedLocked(const std::vector<std::string>& snapshot, uint64_t bytes_before)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplySplitProviderStateLocked(const proto::SplitProviderStateUpdate& u)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -553,6 +558,10 @@ class DispatcherImpl {
   bool journal_writing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status journal_error_ ABSL_GUARDED_BY(mu_);  // sticky: see AwaitDurable
   absl::CondVar journal_cv_;                          // a write finished
+  bool compacting_ ABSL_GUARDED_BY(mu_) = false;      // compact_thread_ is writing a snapshot
+  int64_t compact_upto_ ABSL_GUARDED_BY(mu_) = 0;     // the records the snapshot holds
+  std::vector<std::string> retained_ ABSL_GUARDED_BY(mu_);  // written since the snapshot
+  std::thread compact_thread_;
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // quiets logs of replayed changes
   int64_t compaction_min_records_ ABSL_GUARDED_BY(mu_) = kCompactionMinRecords;
   int64_t records_in_journal_ ABSL_GUARDED_BY(mu_) = 0;

@@ -266,7 +266,13 @@ JournalWriter::JournalWriter(std::string dir, std::string path, int fd, uint64_t
     : dir_(std::move(dir)), path_(std::move(path)), fd_(fd), policy_(policy), size_(size) {}
 
 absl::Status JournalWriter::Rewrite(const std::vector<std::string>& records) {
+  SLUICE_RETURN_IF_ERROR(WriteCompacted(records));
+  return InstallCompacted({});
+}
+
+absl::Status JournalWriter::WriteCompacted(const std::vector<std::string>& records) {
   SLUICE_RETURN_IF_ERROR(broken_);
+  DropCompacted();
   const std::string tmp = path_ + ".compact";
   int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(tmp, "cannot create");
@@ -290,13 +296,47 @@ absl::Status JournalWriter::Rewrite(const std::vector<std::string>& records) {
     ++syncs_;
     if (fdatasync(fd) != 0) return fail(ErrnoError(tmp, "fdatasync failed"));
   }
+  compact_fd_ = fd;
+  compact_size_ = bytes.size();
+  return absl::OkStatus();
+}
+
+void JournalWriter::DropCompacted() {
+  if (compact_fd_ < 0) return;
+  close(compact_fd_);
+  unlink((path_ + ".compact").c_str());
+  compact_fd_ = -1;
+}
+
+absl::Status JournalWriter::InstallCompacted(const std::vector<std::string>& tail) {
+  if (compact_fd_ < 0) return absl::FailedPreconditionError("no compacted journal was written");
+  const std::string tmp = path_ + ".compact";
+  auto fail = [&](absl::Status s) {
+    DropCompacted();
+    return s;
+  };
+  if (!broken_.ok()) return fail(broken_);
+  if (!tail.empty()) {
+    std::string bytes;
+    for (const std::string& r : tail) AppendFramed(r, &bytes);
+    iovec iov{bytes.data(), bytes.size()};
+    if (!PwriteAll(compact_fd_, compact_size_, &iov, 1)) {
+      return fail(ErrnoError(tmp, "cannot write"));
+    }
+    compact_size_ += bytes.size();
+    if (policy_ == FsyncPolicy::kEveryRecord) {
+      ++syncs_;
+      if (fdatasync(compact_fd_) != 0) return fail(ErrnoError(tmp, "fdatasync failed"));
+    }
+  }
   if (rename(tmp.c_str(), path_.c_str()) != 0) {
     return fail(ErrnoError(tmp, absl::StrCat("cannot rename it to ", path_)));
   }
   // From here the new file is the journal, whatever happens next.
   close(fd_);
-  fd_ = fd;
-  size_ = bytes.size();
+  fd_ = compact_fd_;
+  size_ = compact_size_;
+  compact_fd_ = -1;
   if (policy_ == FsyncPolicy::kEveryRecord) {
     absl::Status s = SyncDir(dir_);
     if (!s.ok()) {
@@ -309,7 +349,10 @@ absl::Status JournalWriter::Rewrite(const std::vector<std::string>& records) {
   return absl::OkStatus();
 }
 
-JournalWriter::~JournalWriter() { close(fd_); }
+JournalWriter::~JournalWriter() {
+  DropCompacted();
+  close(fd_);
+}
 
 absl::Status JournalWriter::Append(std::string_view record) {
   return AppendBatch({std::string(record)});

@@ -41,6 +41,7 @@
 // under its state mutex).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -121,12 +122,23 @@ class JournalWriter final {
   // leaves either the old journal or the new one, whole. On failure the old
   // journal stays in use.
   absl::Status Rewrite(const std::vector<std::string>& records);
+  // Rewrite in two steps, so that appends go on meanwhile (group commit
+  // keeps answering while a large snapshot is written):
+  // WriteCompacted writes and syncs `<dir>/journal.compact` and may run on
+  // another thread concurrently with AppendBatch (it touches neither the
+  // journal file nor its size; it must not run concurrently with itself or
+  // InstallCompacted). InstallCompacted, not concurrent with AppendBatch,
+  // appends `tail` (the records appended to the journal since the snapshot
+  // was taken) to it, syncs it and renames it over the journal. Either
+  // failing leaves the old journal in use (and the compacted file removed).
+  absl::Status WriteCompacted(const std::vector<std::string>& records);
+  absl::Status InstallCompacted(const std::vector<std::string>& tail);
 
   const std::string& path() const { return path_; }
   // Bytes in the file: its header and every record.
   uint64_t size() const { return size_; }
   // fdatasync calls on the journal file so far (appends and rewrites).
-  int64_t syncs() const { return syncs_; }
+  int64_t syncs() const { return syncs_.load(); }
   // Tests: AppendBatch calls the hook just before its write and between
   // its write and its sync, to crash the process there.
   enum class Stage : uint8_t { kBeforeWrite, kBeforeSync };
@@ -143,7 +155,11 @@ class JournalWriter final {
   // whole record.
   uint64_t size_;
   absl::Status broken_;  // not OK once the file's contents are unknown
-  int64_t syncs_ = 0;
+  std::atomic<int64_t> syncs_{0};
+  // The compacted file WriteCompacted made, until InstallCompacted (-1: none).
+  int compact_fd_ = -1;
+  uint64_t compact_size_ = 0;
+  void DropCompacted();
   std::function<void(Stage)> fault_hook_;
 };
 

@@ -2167,9 +2167,11 @@ TEST_F(JournalTest, TheJournalIsCompactedAsItGrows) {
     }
     largest = std::max(largest, std::filesystem::file_size(path));
   }
-  EXPECT_GE(d_->GetStats().journal_compactions, 5);
-  // ~6000 records of history; a snapshot is a handful.
-  EXPECT_LT(largest, 200u * 200u) << "the journal was not kept small";
+  EXPECT_GE(d_->GetStats().journal_compactions, 2);
+  // ~6000 records of history (about 600 KB); a snapshot is a handful. A
+  // compaction is written in the background while appends go on, so the
+  // journal may hold a few hundred records more than the threshold.
+  EXPECT_LT(largest, 150000u) << "the journal was not kept small";
   const int64_t last_split = held.back();
   Restart();
   // The restarted dispatcher goes on from where it was, ids never reused.
