@@ -180,6 +180,37 @@ TEST(PerfSmokeTest, EngineReportsEachSection) {
   EXPECT_NE(fresh[0].find("fresh_gb_per_s"), std::string::npos);
 }
 
+// The dispatcher suite on a tiny fleet: every calls/s row and the fleet's
+// figures are reported, every simulated worker registered, its tasks held,
+// splits handed out, and no call failed.
+TEST(PerfSmokeTest, DispatcherReportsRatesAndTheFleet) {
+  const std::string json = Scratch("dispatcher.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("dispatcher --workers 20 --consumers 10 --jobs 2 "
+                                      "--seconds 2 --rate_seconds 0.3 --callers 1,4 --json '",
+                                      json, "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  EXPECT_THAT(text, ::testing::HasSubstr("\"mode\": \"dispatcher\""));
+  for (const char* op : {"RegisterDataset", "GetOrCreateIteration", "GetSplit"}) {
+    for (int callers : {1, 4}) {
+      auto rows = Rows(text, absl::StrCat("\"op\":\"", op, "\",\"callers\":", callers, ","));
+      ASSERT_EQ(rows.size(), 1u) << op << " x" << callers << "\n" << text;
+      EXPECT_GT(Field(rows[0], "calls_per_s"), 0) << rows[0];
+      EXPECT_NE(rows[0].find("\"error\":\"\""), std::string::npos) << rows[0];
+    }
+  }
+  EXPECT_THAT(text, ::testing::HasSubstr("\"registered\":20,\"tasks\":40,"));
+  EXPECT_THAT(text, ::testing::HasSubstr("\"errors\":0,\"error\":\"\""));
+  auto fleet = Rows(text, "\"splits_per_s\":");
+  ASSERT_EQ(fleet.size(), 1u) << text;
+  EXPECT_GT(Field(fleet[0], "splits_per_s"), 0) << fleet[0];
+  EXPECT_GT(Field(fleet[0], "rss_bytes"), 0) << fleet[0];
+  EXPECT_THAT(out, ::testing::HasSubstr("worker heartbeat lateness"));
+}
+
 // The images suite on a 32-image corpus, one worker, DataLoader(num_workers=0),
 // one timed pass each: every section is reported; the torch row may be skipped (with a note)
 // where torch is not installed.
