@@ -219,6 +219,11 @@ void DispatcherImpl::StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone
   absl::Status s = poll.status();
   {
     absl::MutexLock l(&mu_);
+    if (shutdown_) {
+      // The poll thread may be gone: nothing would send a queued reply.
+      s = absl::UnavailableError("the dispatcher is shutting down");
+      poll = s;
+    }
     PollStep step;
     if (s.ok()) s = (*poll)(&step);
     if (s.ok() && step.wait && !shutdown_) {
@@ -227,7 +232,8 @@ void DispatcherImpl::StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone
     }
     // Answered now. Unless what it saw is already durable, the poll thread
     // sends the reply once it is: a callback thread never waits for a disk.
-    if (journal_ != nullptr && (journal_durable_ < journal_applied_ || !journal_error_.ok())) {
+    if (!shutdown_ && journal_ != nullptr &&
+        (journal_durable_ < journal_applied_ || !journal_error_.ok())) {
       QueueReplyLocked(std::move(done), std::move(s));
       return;
     }
