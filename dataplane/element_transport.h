@@ -190,6 +190,9 @@ struct TransportStats {
   // UCX endpoints the client connected (one per worker address, reused by
   // every task and iteration reading it; again after a failure).
   int64_t ucx_endpoints_connected = 0;
+  // Connections closed because a request on them got no reply within its
+  // wait plus kReplyTransferAllowance (the next request reconnects).
+  int64_t ucx_silent_endpoints_closed = 0;
   // Payload bytes the client copied after receipt (0 on the rendezvous path).
   int64_t client_payload_bytes_copied = 0;
   // Elements that did not fit a free pool slot and got their own buffer.

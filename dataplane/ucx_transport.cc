@@ -75,7 +75,7 @@ SlotPool::Pinner CudaPinner(const CudaRuntime* rt) {
 }
 
 struct UcxCounters {
-  std::atomic<int64_t> elements{0}, bytes{0}, copied{0}, connects{0};
+  std::atomic<int64_t> elements{0}, bytes{0}, copied{0}, connects{0}, silent_endpoints_closed{0};
   PoolStats pool;
 };
 UcxCounters& Counters() {
@@ -401,11 +401,26 @@ class UcxClient {
     for (auto& [id, p] : pending_) {
       if (p->deadline <= now) expired.push_back(p);
     }
+    std::set<std::string> silent;
     for (auto& p : expired) {
       const uint64_t id = p->id;
       Unregister(id);
       Complete(p, absl::DeadlineExceededError(
                       absl::StrCat("no reply from worker ", p->peer, " over ucx")));
+      silent.insert(p->peer);
+    }
+    // A worker answers every request within its wait: a connection that
+    // left one unanswered past the allowance is not trusted again (UCX can
+    // lose a peer without reporting it, e.g. a same-host transport after
+    // another peer died). The next request reconnects; the others on it
+    // fail now and are retried.
+    for (const std::string& peer : silent) {
+      auto c = endpoints_.find(peer);
+      if (c != endpoints_.end() && c->second.endpoint != nullptr) {
+        Counters().silent_endpoints_closed++;
+        c->second.endpoint->Fail(absl::UnavailableError(absl::StrCat(
+            "the ucx connection to worker ", peer, " left a request unanswered; reconnecting")));
+      }
     }
     for (auto it = endpoints_.begin(); it != endpoints_.end();) {
       Cached& c = it->second;
@@ -762,6 +777,7 @@ TransportStats GetTransportStats() {
   TransportStats s;
   s.ucx_elements_received = c.elements.load();
   s.ucx_endpoints_connected = c.connects.load();
+  s.ucx_silent_endpoints_closed = c.silent_endpoints_closed.load();
   s.ucx_bytes_received = c.bytes.load();
   s.client_payload_bytes_copied = c.copied.load();
   s.dedicated_buffer_allocations = c.pool.dedicated.load();
