@@ -153,36 +153,8 @@ absl::Duration DispatcherImpl::MaxClientWait() const {
   return absl::Milliseconds(config_.client_timeout_ms) / kLongPollTimeoutFraction;
 }
 
-bool DispatcherImpl::AwaitLocked(const PollKey& key, const std::function<bool()>& ready,
-                                 absl::Duration timeout, const IsCancelled& cancelled) {
-  std::shared_ptr<absl::CondVar>& slot = polls_[key];
-  if (slot == nullptr) slot = std::make_shared<absl::CondVar>();
-  const std::shared_ptr<absl::CondVar> cv = slot;
-  const absl::Time deadline = absl::Now() + timeout;
-  bool result = true;
-  while (true) {
-    if (cancelled && cancelled()) {
-      result = false;
-      break;
-    }
-    if (shutdown_ || ready()) break;
-    absl::Duration slice = deadline - absl::Now();
-    if (slice <= absl::ZeroDuration()) break;
-    if (cancelled) slice = std::min(slice, kCancelCheckInterval);
-    cv->WaitWithTimeout(&mu_, slice);
-  }
-  if (cv.use_count() == 2) polls_.erase(key);  // the map's and ours: no other poll waits on it
-  return result;
-}
-
 void DispatcherImpl::WakeLocked(const PollKey& key) {
-  auto it = polls_.find(key);
-  if (it != polls_.end()) it->second->SignalAll();
-  auto parked = parked_by_key_.find(key);
-  if (parked != parked_by_key_.end()) {
-    runnable_.insert(runnable_.end(), parked->second.begin(), parked->second.end());
-    poll_cv_.Signal();
-  }
+  if (polls_.Wake(key)) poll_cv_.Signal();
 }
 
 void DispatcherImpl::BumpVersionLocked(Iteration& it) {
@@ -203,7 +175,8 @@ absl::Status DispatcherImpl::RunPollLocked(PollFn& poll, const IsCancelled& canc
     step.timed_out = timed_out;
     absl::Status s = poll(&step);
     if (!s.ok() || !step.wait) return s;
-    if (!AwaitLocked(step.key, step.ready, step.deadline - absl::Now(), cancelled)) {
+    if (!polls_.Await(mu_, step.key, step.ready, step.deadline - absl::Now(), cancelled,
+                      kCancelCheckInterval)) {
       // The caller went away: no reply reaches it, and nothing is credited.
       return absl::CancelledError("the caller went away");
     }
@@ -212,7 +185,7 @@ absl::Status DispatcherImpl::RunPollLocked(PollFn& poll, const IsCancelled& canc
 
 int64_t DispatcherImpl::NewPollId() {
   absl::MutexLock l(&mu_);
-  return next_poll_id_++;
+  return polls_.NewId();
 }
 
 void DispatcherImpl::StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone done) {
@@ -265,25 +238,13 @@ void DispatcherImpl::StartGetSplit(int64_t id, const proto::GetSplitRequest& req
 }
 
 void DispatcherImpl::ParkLocked(int64_t id, Parked parked) {
-  parked_by_key_[parked.step.key].insert(id);
-  parked_deadlines_.emplace(parked.step.deadline, id);
-  parked_.emplace(id, std::move(parked));
+  polls_.Park(id, std::move(parked));
   EnsurePollThreadLocked();
   poll_cv_.Signal();  // the poll thread may sleep past this deadline
 }
 
 std::optional<DispatcherImpl::Parked> DispatcherImpl::UnparkLocked(int64_t id) {
-  auto p = parked_.find(id);
-  if (p == parked_.end()) return std::nullopt;
-  Parked parked = std::move(p->second);
-  parked_.erase(p);
-  auto k = parked_by_key_.find(parked.step.key);
-  if (k != parked_by_key_.end()) {
-    k->second.erase(id);
-    if (k->second.empty()) parked_by_key_.erase(k);
-  }
-  parked_deadlines_.erase({parked.step.deadline, id});
-  return parked;
+  return polls_.Unpark(id);
 }
 
 void DispatcherImpl::CancelPoll(int64_t id) {
@@ -297,22 +258,14 @@ void DispatcherImpl::CancelPoll(int64_t id) {
 
 void DispatcherImpl::PollThread() {
   absl::MutexLock l(&mu_);
-  while (!(shutdown_ && parked_.empty() && replies_.empty())) {
+  while (!(shutdown_ && polls_.empty() && replies_.empty())) {
     bool progress = false;
     // Woken polls, and polls whose wait ran out (all of them at shutdown):
     // their next step, and their reply queued when they answer.
-    std::vector<std::pair<int64_t, bool>> due;  // id, timed out
-    for (int64_t id : runnable_) due.emplace_back(id, false);
-    runnable_.clear();
-    const absl::Time now = absl::Now();
-    for (const auto& [deadline, id] : parked_deadlines_) {
-      if (!shutdown_ && deadline > now) break;
-      due.emplace_back(id, true);
-    }
-    for (const auto& [id, timed_out] : due) {
-      auto p = parked_.find(id);
-      if (p == parked_.end()) continue;  // answered or cancelled already
-      const bool ready = p->second.step.ready();
+    for (const auto& [id, timed_out] : polls_.Due(absl::Now(), shutdown_)) {
+      const Parked* p = polls_.Find(id);
+      if (p == nullptr) continue;  // answered or cancelled already
+      const bool ready = p->step.ready();
       if (!timed_out && !ready) continue;  // a wake-up that did not concern it
       progress = true;
       Parked parked = *UnparkLocked(id);
@@ -349,8 +302,7 @@ void DispatcherImpl::PollThread() {
       continue;
     }
     if (progress) continue;
-    poll_cv_.WaitWithDeadline(&mu_, parked_deadlines_.empty() ? absl::InfiniteFuture()
-                                                              : parked_deadlines_.begin()->first);
+    poll_cv_.WaitWithDeadline(&mu_, polls_.NextDeadline());
   }
 }
 
@@ -385,7 +337,7 @@ absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRe
 void DispatcherImpl::Shutdown() {
   absl::MutexLock l(&mu_);
   shutdown_ = true;
-  for (auto& [key, cv] : polls_) cv->SignalAll();
+  polls_.WakeAllThreads();
   poll_cv_.Signal();  // answers every parked poll
 }
 

@@ -101,6 +101,7 @@
 #include "control/journal.pb.h"
 #include "control/service.pb.h"
 #include "sluice/control/journal.h"
+#include "sluice/control/long_polls.h"
 #include "sluice/control/dispatch_server.h"
 #include "sluice/dataset/dataset_internal.h"
 
@@ -206,7 +207,7 @@ class DispatcherImpl {
   // changes, when its wait runs out, at Shutdown, or with Cancelled after
   // CancelPoll(id). `req` and `resp` must live until then. `id` comes from
   // NewPollId() (before Start*, so that a cancellation can name it).
-  using PollDone = std::function<void(absl::Status)>;
+  using PollDone = LongPolls::Done;
   int64_t NewPollId() ABSL_LOCKS_EXCLUDED(mu_);
   void StartWorkerHeartbeat(int64_t id, const proto::WorkerHeartbeatRequest& req,
                             proto::WorkerHeartbeatResponse* resp, PollDone done)
@@ -369,56 +370,26 @@ class DispatcherImpl {
                         const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
   void TickUnsynced() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Long polls. Each waits on the condition variable of what it waits for
-  // (a worker's news, an iteration's version, an iteration's splits), and
-  // only a change to that wakes it: absl::Mutex::Await would re-evaluate
-  // every waiter's condition at every unlock, which with thousands of held
-  // polls (one per worker and per consumer) made every RPC pay for all of
-  // them (sluice-perf dispatcher).
-  struct PollKey {
-    enum Kind : uint8_t { kWorker, kVersion, kSplits } kind = kWorker;
-    int64_t iteration = 0;
-    std::string worker;
-    auto operator<=>(const PollKey&) const = default;
-  };
-  // Waits until `ready` (evaluated by this thread, under mu_, after each
-  // wake-up), `timeout` passes, or the caller goes away; false only in the
-  // last case. A change that can make `ready` true must wake `key`.
-  bool AwaitLocked(const PollKey& key, const std::function<bool()>& ready, absl::Duration timeout,
-                   const IsCancelled& cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Long polls (control/long_polls.h).
+  using PollKey = LongPolls::Key;
+  static PollKey WorkerKey(const std::string& address) { return LongPolls::Worker(address); }
+  static PollKey VersionKey(int64_t iteration) { return LongPolls::Version(iteration); }
+  static PollKey SplitsKey(int64_t iteration) { return LongPolls::Splits(iteration); }
+  // Wakes the polls waiting on `key` (threads, and parked polls through the
+  // poll thread). A change that can end a poll's wait must wake its key.
   void WakeLocked(const PollKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static PollKey WorkerKey(const std::string& address) {
-    return {PollKey::kWorker, 0, address};
-  }
-  static PollKey VersionKey(int64_t iteration) { return {PollKey::kVersion, iteration, ""}; }
-  static PollKey SplitsKey(int64_t iteration) { return {PollKey::kSplits, iteration, ""}; }
   // Every change clients can see bumps the iteration's version, every
   // change to its splits the split version: these wake their polls.
   void BumpVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BumpSplitVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A long poll as steps, each run under mu_: the first does the request's
-  // work and either answers (fills the reply) or asks to wait (sets
-  // `wait`, with the key to be woken by, the condition and the deadline);
-  // each later step runs when the wait ends (`timed_out` says whether the
-  // condition never held) and answers or waits again. Run by a thread
-  // that waits (RunPollLocked: the synchronous RPCs, tests) or parked
-  // without one (StartPoll: the poll thread runs the steps).
-  struct PollStep {
-    bool wait = false;
-    PollKey key;
-    std::function<bool()> ready;
-    absl::Time deadline;
-    bool timed_out = false;  // in: the previous wait ran out
-  };
-  using PollFn = std::function<absl::Status(PollStep*)>;
+  using PollStep = LongPolls::Step;
+  using PollFn = LongPolls::Fn;
+  using Parked = LongPolls::Parked;
+  // Runs a poll's steps on this thread, waiting between them (the
+  // synchronous RPCs, tests).
   absl::Status RunPollLocked(PollFn& poll, const IsCancelled& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone done) ABSL_LOCKS_EXCLUDED(mu_);
-  struct Parked {
-    PollFn poll;
-    PollStep step;
-    PollDone done;
-  };
   void ParkLocked(int64_t id, Parked parked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Parked> UnparkLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollThread() ABSL_LOCKS_EXCLUDED(mu_);
@@ -535,18 +506,8 @@ class DispatcherImpl {
   const WorkerProbe probe_;
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  // The condition variables of the long polls waiting now, by key (a key's
-  // entry lives while a poll waits on it).
-  std::map<PollKey, std::shared_ptr<absl::CondVar>> polls_ ABSL_GUARDED_BY(mu_);
-  // Parked long polls (StartPoll), by id, by key and by deadline; the ids
-  // woken since the poll thread last looked; the thread (started with the
-  // first parked poll).
-  std::map<int64_t, Parked> parked_ ABSL_GUARDED_BY(mu_);
-  std::map<PollKey, std::set<int64_t>> parked_by_key_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, int64_t>> parked_deadlines_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> runnable_ ABSL_GUARDED_BY(mu_);
+  LongPolls polls_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingReply> replies_ ABSL_GUARDED_BY(mu_);  // targets ascending
-  int64_t next_poll_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::CondVar poll_cv_;
   std::thread poll_thread_;
   // Written by the one writer of the moment (journal_writing_) without mu_;
