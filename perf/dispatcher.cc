@@ -178,6 +178,29 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
 }
 
+// Registers Range(first, 2^40) (a different `first` per job: datasets are
+// deduplicated by fingerprint) and the job `name` over it; its job id.
+absl::StatusOr<int64_t> CreateJob(Stub* stub, int64_t first, proto::ProcessingMode mode,
+                                  const std::string& name) {
+  proto::RegisterDatasetRequest rreq;
+  *rreq.mutable_dataset() = Dataset::Range(first, int64_t{1} << 40).def();
+  proto::RegisterDatasetResponse rresp;
+  grpc::ClientContext rctx;
+  SetDeadline(&rctx, absl::Seconds(30));
+  grpc::Status s = stub->RegisterDataset(&rctx, rreq, &rresp);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("RegisterDataset: ", s.error_message()));
+  proto::GetOrCreateJobRequest jreq;
+  jreq.set_dataset_id(rresp.dataset_id());
+  jreq.set_processing_mode(mode);
+  jreq.set_job_name(name);
+  proto::GetOrCreateJobResponse jresp;
+  grpc::ClientContext jctx;
+  SetDeadline(&jctx, absl::Seconds(30));
+  s = stub->GetOrCreateJob(&jctx, jreq, &jresp);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("GetOrCreateJob: ", s.error_message()));
+  return jresp.job_id();
+}
+
 // A listening socket on 127.0.0.1 for a simulated worker's address (the
 // dispatcher connects once to check that a new worker answers).
 absl::StatusOr<std::pair<int, std::string>> ListenSocket() {
@@ -406,28 +429,11 @@ void Fleet::Failed(const grpc::Status& s, const char* what) {
 
 absl::Status Fleet::Setup() {
   // Datasets, jobs and the consumers' iterations, from 16 threads.
-  std::vector<std::string> dataset_ids(static_cast<size_t>(o_.jobs));
   std::vector<int64_t> job_ids(static_cast<size_t>(o_.jobs));
   for (int j = 0; j < o_.jobs; ++j) {
-    Stub* stub = stubs_[static_cast<size_t>(j) % stubs_.size()].get();
-    proto::RegisterDatasetRequest rreq;
-    // A different Range per job: datasets are deduplicated by fingerprint.
-    *rreq.mutable_dataset() = Dataset::Range(j, int64_t{1} << 40).def();
-    proto::RegisterDatasetResponse rresp;
-    grpc::ClientContext rctx;
-    SetDeadline(&rctx, absl::Seconds(30));
-    grpc::Status s = stub->RegisterDataset(&rctx, rreq, &rresp);
-    if (!s.ok()) return absl::InternalError(absl::StrCat("RegisterDataset: ", s.error_message()));
-    proto::GetOrCreateJobRequest jreq;
-    jreq.set_dataset_id(rresp.dataset_id());
-    jreq.set_processing_mode(proto::DISTRIBUTED_EPOCH);
-    jreq.set_job_name(absl::StrCat("fleet-job-", j));
-    proto::GetOrCreateJobResponse jresp;
-    grpc::ClientContext jctx;
-    SetDeadline(&jctx, absl::Seconds(30));
-    s = stub->GetOrCreateJob(&jctx, jreq, &jresp);
-    if (!s.ok()) return absl::InternalError(absl::StrCat("GetOrCreateJob: ", s.error_message()));
-    job_ids[static_cast<size_t>(j)] = jresp.job_id();
+    SLUICE_ASSIGN_OR_RETURN(job_ids[static_cast<size_t>(j)],
+                            CreateJob(stubs_[static_cast<size_t>(j) % stubs_.size()].get(), j,
+                                      proto::DISTRIBUTED_EPOCH, absl::StrCat("fleet-job-", j)));
   }
   consumers_.resize(static_cast<size_t>(o_.consumers));
   std::atomic<int> next{0};
@@ -686,23 +692,11 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
   int worker_fd = -1;
   if (op != "RegisterDataset") {
     for (int c = 0; c < callers; ++c) {
-      proto::RegisterDatasetRequest rreq;
-      *rreq.mutable_dataset() = Dataset::Range(c, int64_t{1} << 40).def();
-      proto::RegisterDatasetResponse rresp;
-      grpc::ClientContext rctx;
-      SetDeadline(&rctx, absl::Seconds(30));
-      absl::Status s = call_ok(stub_for(c)->RegisterDataset(&rctx, rreq, &rresp), "RegisterDataset");
-      if (!s.ok()) return fail(s);
-      proto::GetOrCreateJobRequest jreq;
-      jreq.set_dataset_id(rresp.dataset_id());
-      jreq.set_processing_mode(op == "GetSplit" ? proto::DISTRIBUTED_EPOCH : proto::PARALLEL_EPOCHS);
-      jreq.set_job_name(absl::StrCat("rate-", c));
-      proto::GetOrCreateJobResponse jresp;
-      grpc::ClientContext jctx;
-      SetDeadline(&jctx, absl::Seconds(30));
-      s = call_ok(stub_for(c)->GetOrCreateJob(&jctx, jreq, &jresp), "GetOrCreateJob");
-      if (!s.ok()) return fail(s);
-      jobs[static_cast<size_t>(c)] = jresp.job_id();
+      auto job = CreateJob(stub_for(c), c,
+                           op == "GetSplit" ? proto::DISTRIBUTED_EPOCH : proto::PARALLEL_EPOCHS,
+                           absl::StrCat("rate-", c));
+      if (!job.ok()) return fail(job.status());
+      jobs[static_cast<size_t>(c)] = *job;
     }
   }
   auto worker_heartbeat = [&](proto::WorkerHeartbeatResponse* resp) {
