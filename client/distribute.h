@@ -40,7 +40,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 #include "sluice/dataset/dataset.h"
 
 namespace sluice {

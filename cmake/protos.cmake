@@ -4,8 +4,8 @@
 # Generated protobuf and gRPC code, in its own library. Protos import each
 # other by path from the source root ("dataset/dataset.proto"); generated
 # headers are included the same way ("dataset/dataset.pb.h").
-set(SLUICE_PROTOS dataset/dataset.proto control/service.proto control/journal.proto)
-set(SLUICE_GRPC_PROTOS control/service.proto)
+set(SLUICE_PROTOS dataset/dataset.proto rpc/service.proto control/journal.proto)
+set(SLUICE_GRPC_PROTOS rpc/service.proto)
 set(SLUICE_PROTO_OUT ${CMAKE_BINARY_DIR}/gen)
 file(MAKE_DIRECTORY ${SLUICE_PROTO_OUT})
 add_library(sluice_proto)

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 
 namespace sluice {
 

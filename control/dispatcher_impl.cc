@@ -1,5 +1,4 @@
 #include "sluice/control/dispatcher_impl.h"
-#include "sluice/control/grpc_util.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -15,6 +14,8 @@
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/dataset_internal.h"
+#include "sluice/rpc/grpc_util.h"
+#include "sluice/rpc/protocol.h"
 
 namespace sluice::internal {
 
@@ -34,72 +35,7 @@ absl::Status ValidateDatasetId(const std::string& id) {
   return absl::OkStatus();
 }
 
-struct ModeName {
-  const char* name;
-  proto::ProcessingMode mode;
-};
-// The first name of a mode is its canonical one; "off" and "dynamic" are
-// tf.data's names of the sharding policies behind the two epoch modes.
-constexpr ModeName kModeNames[] = {
-    {"parallel_epochs", proto::PARALLEL_EPOCHS}, {"distributed_epoch", proto::DISTRIBUTED_EPOCH},
-    {"file", proto::FILE_SHARDING},              {"data", proto::DATA_SHARDING},
-    {"file_or_data", proto::FILE_OR_DATA_SHARDING}, {"hint", proto::HINT_SHARDING},
-    {"off", proto::PARALLEL_EPOCHS},             {"dynamic", proto::DISTRIBUTED_EPOCH},
-};
-
 }  // namespace
-
-absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name) {
-  for (const ModeName& m : kModeNames) {
-    if (name == m.name) return m.mode;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown processing_mode '", name,
-      "'; expected parallel_epochs (off), distributed_epoch (dynamic), file, data, "
-      "file_or_data or hint"));
-}
-
-std::string ProcessingModeName(proto::ProcessingMode mode) {
-  for (const ModeName& m : kModeNames) {
-    if (mode == m.mode) return m.name;
-  }
-  return "unspecified";
-}
-
-absl::StatusOr<proto::TargetWorkers> ParseTargetWorkers(const std::string& name) {
-  const std::string upper = absl::AsciiStrToUpper(name);
-  if (upper.empty() || upper == "AUTO") return proto::TARGET_WORKERS_AUTO;
-  if (upper == "ANY") return proto::TARGET_WORKERS_ANY;
-  if (upper == "LOCAL") return proto::TARGET_WORKERS_LOCAL;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown target_workers '", name, "'; expected AUTO, ANY or LOCAL"));
-}
-
-std::string TargetWorkersName(proto::TargetWorkers target) {
-  switch (target) {
-    case proto::TARGET_WORKERS_ANY: return "ANY";
-    case proto::TARGET_WORKERS_LOCAL: return "LOCAL";
-    default: return "AUTO";
-  }
-}
-
-std::string LocalHostId() {
-  const char* env = std::getenv("SLUICE_HOST_ID");
-  if (env != nullptr && *env != '\0') return env;
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
-}
-
-std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode) {
-  switch (mode) {
-    case proto::FILE_SHARDING: return StaticSharding::kFile;
-    case proto::DATA_SHARDING: return StaticSharding::kData;
-    case proto::FILE_OR_DATA_SHARDING: return StaticSharding::kFileOrData;
-    case proto::HINT_SHARDING: return StaticSharding::kHint;
-    default: return std::nullopt;
-  }
-}
 
 std::optional<int64_t> MatchWorkerAddress(
     const std::vector<std::string>& patterns, const std::string& address,
@@ -1276,7 +1212,7 @@ absl::StatusOr<DispatcherImpl::PollFn> DispatcherImpl::WorkerHeartbeatPoll(
     }
   }
   return PollFn([this, &req, resp, moved, transfer_address, protocol,
-                 first = true](PollStep* step) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                 first = true](PollStep* step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable {
     const std::string& addr = req.worker_address();
     if (first) {
       first = false;
@@ -1716,8 +1652,8 @@ absl::Status DispatcherImpl::GetOrCreateIterationUnsynced(const proto::GetOrCrea
 
 DispatcherImpl::PollFn DispatcherImpl::ClientHeartbeatPoll(const proto::ClientHeartbeatRequest& req,
                                                            proto::ClientHeartbeatResponse* resp) {
-  return [this, &req, resp, iteration_id = int64_t{-1}](PollStep* step) mutable
-         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+  return [this, &req, resp, iteration_id = int64_t{-1}](PollStep* step)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::Status {
     const int64_t known_version = req.known_version();
     auto cit = clients_.find(req.iteration_client_id());
     if (iteration_id < 0) {  // the first step

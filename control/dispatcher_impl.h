@@ -99,17 +99,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "control/journal.pb.h"
-#include "control/service.pb.h"
+#include "rpc/service.pb.h"
 #include "sluice/control/journal.h"
 #include "sluice/control/long_polls.h"
 #include "sluice/control/dispatch_server.h"
 #include "sluice/dataset/dataset_internal.h"
+#include "sluice/rpc/protocol.h"
 
 namespace sluice::internal {
-
-// The dispatcher holds a long poll at most this fraction of the caller's
-// timeout (worker_timeout_ms / client_timeout_ms).
-inline constexpr int64_t kLongPollTimeoutFraction = 3;
 
 class DispatcherImpl {
  public:
@@ -543,20 +540,6 @@ class DispatcherImpl {
   std::map<int64_t, Client> clients_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
-
-// processing_mode names <-> enum: parallel_epochs (alias off),
-// distributed_epoch (alias dynamic), file, data, file_or_data, hint.
-absl::StatusOr<proto::ProcessingMode> ParseProcessingMode(const std::string& name);
-std::string ProcessingModeName(proto::ProcessingMode mode);
-// target_workers names <-> enum, case-insensitive as tf.data's: "AUTO"
-// (also ""), "ANY", "LOCAL".
-absl::StatusOr<proto::TargetWorkers> ParseTargetWorkers(const std::string& name);
-std::string TargetWorkersName(proto::TargetWorkers target);
-// This process's host id (TargetWorkers): $SLUICE_HOST_ID when set and not
-// empty, else gethostname().
-std::string LocalHostId();
-// The static sharding policy of a mode; nullopt for the epoch modes.
-std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode);
 
 // Static sharding: the entry of `patterns` (worker_addresses) a worker at
 // `address` ("host:port") takes. An entry equal to the address wins; else

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 #include "sluice/dataplane/element_transport.h"
 
 namespace grpc {

@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 #include "sluice/core/tensor.h"
 
 namespace sluice {

@@ -7,9 +7,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "control/service.grpc.pb.h"
+#include "rpc/service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "sluice/control/grpc_util.h"
+#include "sluice/rpc/grpc_util.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_server.h"
 #include "sluice/dataplane/transport_registry.h"
@@ -42,7 +42,9 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     const size_t colon = listen.rfind(':');
     if (server->own_ == nullptr || port == 0 || colon == std::string::npos) {
       int wanted = 0;
-      if (colon != std::string::npos) absl::SimpleAtoi(listen.substr(colon + 1), &wanted);
+      if (colon != std::string::npos && !absl::SimpleAtoi(listen.substr(colon + 1), &wanted)) {
+        wanted = 0;  // the port was not a number: said as 0, "any port"
+      }
       return ListenError("gRPC element server", listen.substr(0, colon), wanted);
     }
     server->address_ = absl::StrCat(listen.substr(0, colon), ":", port);

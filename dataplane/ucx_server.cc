@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "sluice/core/frame.h"
-#include "sluice/control/security_internal.h"
+#include "sluice/rpc/security_internal.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"

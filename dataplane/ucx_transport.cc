@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 #include "sluice/core/frame.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/cuda_runtime.h"

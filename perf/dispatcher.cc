@@ -48,7 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "control/service.grpc.pb.h"
+#include "rpc/service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "perf/suite.h"
 #include "sluice/core/status.h"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 
 namespace sluice::tools {
 

@@ -1,7 +1,7 @@
 #include "sluice/worker/split_client.h"
 
 #include "absl/strings/str_cat.h"
-#include "sluice/control/grpc_util.h"
+#include "sluice/rpc/grpc_util.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice::internal {

@@ -34,7 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "control/service.grpc.pb.h"
+#include "rpc/service.grpc.pb.h"
 #include "sluice/dataset/dataset_internal.h"
 
 namespace sluice::internal {

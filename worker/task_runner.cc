@@ -1,7 +1,7 @@
 #include "sluice/worker/task_runner.h"
 
 #include "absl/strings/str_cat.h"
-#include "sluice/control/dispatcher_impl.h"
+#include "sluice/rpc/protocol.h"
 #include "sluice/core/frame.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/dataset_internal.h"

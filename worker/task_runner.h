@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "control/service.pb.h"
+#include "rpc/service.pb.h"
 #include "sluice/dataplane/element_server.h"
 #include "sluice/worker/split_client.h"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 
 namespace sluice {
 

@@ -3,7 +3,7 @@
 // proto requests; time comes from a fake clock the tests advance, and every
 // long poll is disabled (wait_ms = 0) except in LongPollsReturnEarlyOnChange.
 #include "sluice/control/dispatcher_impl.h"
-#include "sluice/control/grpc_util.h"
+#include "sluice/rpc/grpc_util.h"
 
 #include <atomic>
 #include <cstdint>
@@ -27,7 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "control/service.pb.h"
+#include "rpc/service.pb.h"
 #include "dataset/dataset.pb.h"
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset.h"

@@ -172,7 +172,7 @@ TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
     opt.max_outstanding_requests = outstanding;
     // The default dispatcher_timeout_ms (10 s): the UCX variants used to
     // stall about 5 s per reconnect after a graceful restart (their
-    // connect waited for gRPC's 5 s backup poller; control/grpc_util.cc),
+    // connect waited for gRPC's 5 s backup poller; rpc/grpc_util.cc),
     // and under ASan two such stalls exceeded it.
     std::vector<int64_t> values;
     absl::Status restarted = absl::UnknownError("never restarted");

@@ -42,7 +42,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "control/service.grpc.pb.h"
+#include "rpc/service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "sluice/client/distribute.h"
 #include "sluice/core/status.h"

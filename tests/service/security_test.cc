@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/client/distribute.h"
 #include "sluice/control/dispatch_server.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/worker/worker_server.h"

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 
 namespace sluice_test {
 

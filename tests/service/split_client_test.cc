@@ -8,9 +8,9 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "control/service.grpc.pb.h"
+#include "rpc/service.grpc.pb.h"
 #include "sluice/control/dispatch_server.h"
-#include "sluice/control/grpc_util.h"
+#include "sluice/rpc/grpc_util.h"
 #include "sluice/dataset/dataset.h"
 #include "tests/test_util.h"
 

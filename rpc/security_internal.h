@@ -1,4 +1,4 @@
-// Token and TLS helpers behind control/security.h. Internal.
+// Token and TLS helpers behind rpc/security.h. Internal.
 #pragma once
 
 #include <string>
@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 
 namespace sluice::internal {
 

@@ -1,4 +1,4 @@
-#include "sluice/control/grpc_util.h"
+#include "sluice/rpc/grpc_util.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -18,7 +18,7 @@
 #include "grpcpp/support/client_interceptor.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpc/support/log.h"
-#include "sluice/control/security_internal.h"
+#include "sluice/rpc/security_internal.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice::internal {

@@ -1,4 +1,4 @@
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "sluice/control/security_internal.h"
+#include "sluice/rpc/security_internal.h"
 
 namespace sluice {
 namespace {

@@ -8,9 +8,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "control/service.pb.h"
+#include "rpc/service.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "sluice/control/security.h"
+#include "sluice/rpc/security.h"
 
 namespace sluice::internal {
 
