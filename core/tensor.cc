@@ -4,11 +4,12 @@
 #include <cstring>
 #include <limits>
 #include <list>
-#include <mutex>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace sluice {
 
@@ -60,8 +61,8 @@ class BlockCache {
     static BlockCache* cache = new BlockCache;
     return *cache;
   }
-  void* Take(size_t size) {
-    std::lock_guard<std::mutex> l(mu_);
+  void* Take(size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
     for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
       if (it->second != size) continue;
       void* p = it->first;
@@ -71,10 +72,10 @@ class BlockCache {
     }
     return nullptr;
   }
-  void Put(void* p, size_t size) {
+  void Put(void* p, size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
     std::list<std::pair<void*, size_t>> evicted;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       blocks_.emplace_front(p, size);
       bytes_ += size;
       while (bytes_ > kRecycledCacheBytes) {
@@ -86,9 +87,9 @@ class BlockCache {
   }
 
  private:
-  std::mutex mu_;
-  std::list<std::pair<void*, size_t>> blocks_;
-  size_t bytes_ = 0;
+  absl::Mutex mu_;
+  std::list<std::pair<void*, size_t>> blocks_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -153,11 +153,19 @@ std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults(
   return out;
 }
 
+namespace {
+// The process's UCX context while anyone holds it (Context::Get), and its
+// shared worker (Worker::Shared; never destroyed: lives for the process).
+ABSL_CONST_INIT absl::Mutex g_context_mu(absl::kConstInit);
+std::weak_ptr<Context>* g_context ABSL_GUARDED_BY(g_context_mu) = nullptr;
+ABSL_CONST_INIT absl::Mutex g_shared_worker_mu(absl::kConstInit);
+std::shared_ptr<Worker>* g_shared_worker ABSL_GUARDED_BY(g_shared_worker_mu) = nullptr;
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
-  static absl::Mutex mu;
-  static std::weak_ptr<Context>* current = new std::weak_ptr<Context>();
-  absl::MutexLock l(&mu);
-  if (auto c = current->lock()) return c;
+  absl::MutexLock l(&g_context_mu);
+  if (g_context == nullptr) g_context = new std::weak_ptr<Context>();
+  if (auto c = g_context->lock()) return c;
   // sluice's UCX defaults (above; docs/dataplane.md, "UCX 1.13"); a UCX_*
   // variable the user set wins.
   for (const auto& [name, value] : SluiceUcxDefaults()) {
@@ -175,7 +183,7 @@ absl::StatusOr<std::shared_ptr<Context>> Context::Get() {
   ucp_config_release(config);
   if (s != UCS_OK) return UcsError(s, "ucp_init");
   std::shared_ptr<Context> c(new Context(h));
-  *current = c;
+  *g_context = c;
   return c;
 }
 
@@ -249,15 +257,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> 
 }
 
 absl::StatusOr<std::shared_ptr<Worker>> Worker::Shared(std::function<void()> on_start) {
-  static absl::Mutex mu;
-  static std::shared_ptr<Worker>* shared = nullptr;  // never destroyed: lives for the process
-  absl::MutexLock l(&mu);
-  if (shared != nullptr) return *shared;
+  absl::MutexLock l(&g_shared_worker_mu);
+  if (g_shared_worker != nullptr) return *g_shared_worker;
   SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Get());
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Worker> w,
                           Create(std::move(ctx), BusyPollFromEnv(), std::move(on_start)));
-  shared = new std::shared_ptr<Worker>(std::move(w));
-  return *shared;
+  g_shared_worker = new std::shared_ptr<Worker>(std::move(w));
+  return *g_shared_worker;
 }
 
 Worker::~Worker() {

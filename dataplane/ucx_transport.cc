@@ -50,7 +50,7 @@ size_t MaxPoolBytes() {
   return size_t{1} << 30;
 }
 
-absl::Mutex g_placement_mu;
+ABSL_CONST_INIT absl::Mutex g_placement_mu(absl::kConstInit);
 DataPlanePlacement* g_placement ABSL_GUARDED_BY(g_placement_mu) = nullptr;
 bool g_client_created ABSL_GUARDED_BY(g_placement_mu) = false;
 // PinUcxReceivePoolForCuda: the runtime to pin the receive pool's arenas
@@ -191,7 +191,7 @@ void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r
   p->Complete(std::move(r));
 }
 
-absl::Mutex g_lanes_mu;
+ABSL_CONST_INIT absl::Mutex g_lanes_mu(absl::kConstInit);
 std::string* g_lanes ABSL_GUARDED_BY(g_lanes_mu) = nullptr;  // TransportStats::ucx_lanes
 
 void UcxEndpoint::NoteLanes() {
@@ -231,15 +231,17 @@ extern std::atomic<UcxClient*> g_client;
 constexpr absl::Duration kEndpointLinger = absl::Seconds(60);
 constexpr absl::Duration kReconnectAfter = absl::Milliseconds(200);
 
+// UcxClient::Get makes the process's one client (g_client) under this,
+// or records why it could not (lives for the process).
+ABSL_CONST_INIT absl::Mutex g_get_client_mu(absl::kConstInit);
+absl::Status* g_client_error ABSL_GUARDED_BY(g_get_client_mu) = nullptr;
+
 class UcxClient {
  public:
-  static absl::StatusOr<UcxClient*> Get() {
-    static absl::Mutex mu;
-    static UcxClient* client = nullptr;  // lives for the process
-    static absl::Status* error = nullptr;
-    absl::MutexLock l(&mu);
-    if (client != nullptr) return client;
-    if (error != nullptr) return *error;
+  static absl::StatusOr<UcxClient*> Get() ABSL_LOCKS_EXCLUDED(g_get_client_mu) {
+    absl::MutexLock l(&g_get_client_mu);
+    if (UcxClient* existing = g_client.load()) return existing;
+    if (g_client_error != nullptr) return *g_client_error;
     DataPlanePlacement placement;
     {
       absl::MutexLock pl(&g_placement_mu);
@@ -259,8 +261,8 @@ class UcxClient {
         ctx.ok() ? ucx::Worker::Shared(placement.on_progress_thread_start)
                  : absl::StatusOr<std::shared_ptr<ucx::Worker>>(ctx.status());
     if (!worker.ok()) {
-      error = new absl::Status(worker.status());
-      return *error;
+      g_client_error = new absl::Status(worker.status());
+      return *g_client_error;
     }
     auto* c = new UcxClient(*ctx, *std::move(worker), std::move(placement));
     absl::Status s;
@@ -268,7 +270,7 @@ class UcxClient {
       s = ucx::SetAmHandler(c->worker_->handle(), ucx::kElementAm, &UcxClient::OnReply, c);
     });
     if (!s.ok()) {
-      error = new absl::Status(s);
+      g_client_error = new absl::Status(s);
       return s;
     }
     c->pool_->SetReleaseHook([c] {
@@ -277,9 +279,8 @@ class UcxClient {
     });
     c->worker_->AddTick([c] { c->Tick(); });
     if (pin != nullptr) c->pool_->PinArenas(CudaPinner(pin));
-    client = c;
     g_client.store(c);
-    return client;
+    return c;
   }
 
   ucx::Worker* worker() { return worker_.get(); }

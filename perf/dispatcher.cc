@@ -92,8 +92,9 @@ absl::StatusOr<DispatcherProcess> StartDispatcher(const std::string& binary,
   const std::string log = d.child->LogTail(1 << 16);
   const size_t at = log.find("/metrics");
   const size_t colon = at == std::string::npos ? std::string::npos : log.rfind(':', at);
-  if (colon != std::string::npos) {
-    absl::SimpleAtoi(log.substr(colon + 1, at - colon - 1), &d.metrics_port);
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(log.substr(colon + 1, at - colon - 1), &d.metrics_port)) {
+    d.metrics_port = 0;
   }
   if (d.metrics_port == 0) {
     return absl::InternalError(

@@ -11,11 +11,17 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 
 #include <sluice/sluice.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
 namespace {
+
+// perf_payload's bytes: size -> its bytes, built once.
+ABSL_CONST_INIT absl::Mutex g_payloads_mu(absl::kConstInit);
+std::map<int64_t, std::shared_ptr<uint8_t>>* g_payloads ABSL_GUARDED_BY(g_payloads_mu) = nullptr;
 
 absl::StatusOr<sluice::Element> PerfPayload(const sluice::Element& in) {
   if (in.size() != 1 || in[0].dtype() != sluice::DType::kInt64 || !in[0].shape().is_scalar()) {
@@ -23,12 +29,11 @@ absl::StatusOr<sluice::Element> PerfPayload(const sluice::Element& in) {
   }
   const int64_t size = in[0].at<int64_t>(0);
   if (size < 0) return absl::InvalidArgumentError("perf_payload: negative size");
-  static std::mutex mu;
-  static std::map<int64_t, std::shared_ptr<uint8_t>> buffers;  // size -> its bytes
   std::shared_ptr<uint8_t> bytes;
   {
-    std::lock_guard<std::mutex> l(mu);
-    auto& b = buffers[size];
+    absl::MutexLock l(&g_payloads_mu);
+    if (g_payloads == nullptr) g_payloads = new std::map<int64_t, std::shared_ptr<uint8_t>>;
+    auto& b = (*g_payloads)[size];
     if (b == nullptr) {
       b = sluice::AllocateAligned(static_cast<size_t>(size) + 1);
       for (int64_t i = 0; i < size; ++i) b.get()[i] = static_cast<uint8_t>(i * 131 + 7);

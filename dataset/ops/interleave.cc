@@ -138,12 +138,12 @@ class ParallelInterleaveIterator : public CycleIterator {
  private:
   struct Shared {
     std::atomic<bool> cancelled{false};
-    absl::Mutex mu;  // guards every Slot's buf and ended
   };
   struct Slot {
     std::unique_ptr<Iterator> it;     // read only by this slot's fill
-    std::deque<Result> buf;           // under Shared::mu
-    bool ended = false;               // under Shared::mu: the end or an error is in buf
+    absl::Mutex mu;                   // between the fill and the consumer
+    std::deque<Result> buf ABSL_GUARDED_BY(mu);
+    bool ended ABSL_GUARDED_BY(mu) = false;  // the end or an error is in buf
     std::shared_ptr<PoolTask> fill;   // the last fill made (consumer's thread only)
   };
 
@@ -166,17 +166,15 @@ class ParallelInterleaveIterator : public CycleIterator {
   void StartFills() {
     int64_t in_flight = 0;
     std::vector<Slot*> wanted;
-    {
-      absl::MutexLock l(&st_->mu);
-      for (size_t k = 0; k < slots_.size(); ++k) {
-        Slot* s = slots_[(cycle() + k) % slots_.size()].get();
-        if (s == nullptr) continue;
-        if (s->fill != nullptr && !s->fill->done()) {
-          ++in_flight;
-        } else if (s->buf.empty() && !s->ended) {
-          wanted.push_back(s);
-        }
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      Slot* s = slots_[(cycle() + k) % slots_.size()].get();
+      if (s == nullptr) continue;
+      if (s->fill != nullptr && !s->fill->done()) {
+        ++in_flight;
+        continue;
       }
+      absl::MutexLock l(&s->mu);
+      if (s->buf.empty() && !s->ended) wanted.push_back(s);
     }
     for (Slot* s : wanted) {
       if (in_flight >= parallelism_) break;
@@ -192,7 +190,7 @@ class ParallelInterleaveIterator : public CycleIterator {
       for (int64_t i = 0; i < n && !st->cancelled.load(); ++i) {
         Result r = s->it->Next();
         const bool terminal = !r.ok() || !r->has_value();
-        absl::MutexLock l(&st->mu);
+        absl::MutexLock l(&s->mu);
         s->buf.push_back(std::move(r));
         if (terminal) {
           s->ended = true;
@@ -207,7 +205,7 @@ class ParallelInterleaveIterator : public CycleIterator {
     Result r = End();
     while (true) {
       {
-        absl::MutexLock l(&st_->mu);
+        absl::MutexLock l(&slot.mu);
         if (!slot.buf.empty()) {
           r = std::move(slot.buf.front());
           slot.buf.pop_front();

@@ -102,13 +102,18 @@ class ParallelMapIterator : public UnaryIterator {
     std::shared_ptr<const CompiledFunction> fn;
     std::atomic<bool> cancelled{false};
     std::atomic<int64_t> calls{0}, call_ns{0};
-    absl::Mutex mu;  // guards Call::finished
+    // What a consumer waiting for a call to finish waits on: a call sets
+    // its Call::finished while holding it, so Await sees the change.
+    absl::Mutex mu;
   };
   struct Call {
     std::shared_ptr<PoolTask> task;
     std::optional<uint64_t> key;  // the input element's
-    Result result;          // written by whoever runs the task, read once it finished
-    bool finished = false;  // under Shared::mu: the call's last touch of this Call
+    Result result;  // written by whoever runs the task, read once it finished
+    // The call's last touch of this Call: stored (release, under
+    // Shared::mu) after `result`, so a reader that loads true (acquire)
+    // sees the result.
+    std::atomic<bool> finished{false};
   };
 
   void Fill() {
@@ -135,7 +140,7 @@ class ParallelMapIterator : public UnaryIterator {
               call->result = out.ok() ? Some(*std::move(out)) : Result(out.status());
             }
             absl::MutexLock l(&st->mu);
-            call->finished = true;
+            call->finished.store(true, std::memory_order_release);
           });
       window_.push_back(call);
       Schedule(call->task);
@@ -150,9 +155,9 @@ class ParallelMapIterator : public UnaryIterator {
       window_.erase(it);
       return call;
     };
-    auto any_finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st_->mu) {
+    auto any_finished = [this]() {
       for (const auto& c : window_) {
-        if (c->finished) return true;
+        if (c->finished.load(std::memory_order_acquire)) return true;
       }
       return false;
     };
@@ -163,7 +168,7 @@ class ParallelMapIterator : public UnaryIterator {
         absl::MutexLock l(&st_->mu);
         st_->mu.AwaitWithTimeout(absl::Condition(&any_finished), kNondeterministicPatience);
         for (auto it = window_.begin(); it != window_.end(); ++it) {
-          if ((*it)->finished) return take(it);
+          if ((*it)->finished.load(std::memory_order_acquire)) return take(it);
         }
       }
       // From the back: the pool takes calls from the front.

@@ -34,7 +34,9 @@ using internal::ServedBatch;
 using internal::UcxElementServer;
 
 // task_id encodes the reply: low byte = kind, the rest = a size.
-constexpr int64_t kSmallBatch = 1, kRegistered = 2, kFromTensor = 3, kNotReady = 4;
+// Kinds: 1 = 16 elements in registered frames, 2 = one element in a
+// registered frame, 3 = one element encoded from a tensor, 4 = not ready.
+constexpr int64_t kSmallBatch = 1, kFromTensor = 3, kNotReady = 4;
 
 // A tensor of `bytes` whose content follows from (bytes, seed): checked on
 // arrival.

@@ -880,8 +880,9 @@ TEST_P(ServiceTest, DistributedEpochOneOutstandingRequestKeepsUpWithTheWorkers) 
   const std::pair<std::string, Dataset> cases[] = {
       {"Range(100)", Dataset::Range(100)},
       {"Range(100) of 300 KiB elements", Dataset::Range(100).Map(Udf("test_pad_300k"))}};
-  for (const auto& [name, ds] : cases) {
-    SCOPED_TRACE(name);
+  for (const auto& c : cases) {
+    const Dataset& ds = c.second;  // a reference, not a structured binding: lambdas capture it
+    SCOPED_TRACE(c.first);
     auto time_epoch = [&](int64_t outstanding) -> absl::StatusOr<absl::Duration> {
       o.max_outstanding_requests = outstanding;
       absl::Time start = absl::Now();
@@ -896,7 +897,7 @@ TEST_P(ServiceTest, DistributedEpochOneOutstandingRequestKeepsUpWithTheWorkers) 
     ASSERT_OK_AND_ASSIGN(absl::Duration one, time_epoch(1));
     std::printf("distributed_epoch %s over 2 workers (%s): max_outstanding_requests=8 %s, "
                 "=1 %s\n",
-                name.c_str(), GetParam().c_str(), absl::FormatDuration(eight).c_str(),
+                c.first.c_str(), GetParam().c_str(), absl::FormatDuration(eight).c_str(),
                 absl::FormatDuration(one).c_str());
     // Before the fix one request took 14-19 s for this; the slack admits an
     // occasional end-of-epoch wait (kElementWait, 500 ms) or two on a
