@@ -13,6 +13,7 @@
 #include "sluice/core/metrics.h"
 #include "sluice/rpc/security_internal.h"
 #include "sluice/core/status.h"
+#include "sluice/core/tsan.h"
 #include "rpc/service.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
@@ -36,13 +37,23 @@ using DispatcherServiceBase = proto::DispatcherService::WithCallbackMethod_Worke
 // cancelled call (the caller went away) unparks it.
 class PollReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit PollReactor(internal::DispatcherImpl* impl) : impl_(impl), id_(impl->NewPollId()) {}
+  // gRPC calls OnCancel and OnDone on threads of its own, handing the
+  // reactor over through gRPC core (internal::HappensBefore).
+  explicit PollReactor(internal::DispatcherImpl* impl) : impl_(impl), id_(impl->NewPollId()) {
+    internal::HappensBefore(this);
+  }
   int64_t id() const { return id_; }
   internal::DispatcherImpl::PollDone Done() {
     return [this](absl::Status s) { Finish(ToGrpcStatus(s)); };
   }
-  void OnCancel() override { impl_->CancelPoll(id_); }
-  void OnDone() override { delete this; }
+  void OnCancel() override {
+    internal::HappensAfter(this);
+    impl_->CancelPoll(id_);
+  }
+  void OnDone() override {
+    internal::HappensAfter(this);
+    delete this;
+  }
 
  private:
   internal::DispatcherImpl* const impl_;

@@ -15,7 +15,7 @@ SECONDS_PER_TARGET=${1:-60}
 JOBS=${JOBS:-$(nproc)}
 read -ra TARGETS <<< "${FUZZ_TARGETS:-journal_reader_fuzz dataset_def_fuzz image_decode_fuzz}"
 
-scripts/install-deps.sh --fuzz
+scripts/install-deps.sh
 echo "== sluice: configure + build (fuzz)"
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j "$JOBS"

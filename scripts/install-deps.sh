@@ -3,8 +3,9 @@
 # Idempotent: packages already installed are skipped; nothing is downloaded
 # from anywhere but the configured apt sources.
 #
-#   scripts/install-deps.sh          what the build and tests need
-#   scripts/install-deps.sh --fuzz   also clang and its libFuzzer/ASan runtime (scripts/fuzz.sh)
+#   scripts/install-deps.sh          what the builds and tests need (clang and its
+#                                    sanitizer runtimes included: the clang, tsan
+#                                    and fuzz presets)
 set -euo pipefail
 
 PACKAGES=(
@@ -26,10 +27,8 @@ PACKAGES=(
   python3 python3-yaml shellcheck prometheus
   openssl               # tests generate throwaway TLS certificates
   iproute2             # ip netns: the fault tests' private networks (tests/service/fault_test.cc)
+  clang libclang-rt-14-dev  # -Wthread-safety (clang preset), ThreadSanitizer (tsan), libFuzzer (fuzz)
 )
-if [ "${1:-}" = "--fuzz" ]; then
-  PACKAGES+=(clang libclang-rt-14-dev)
-fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -2,10 +2,13 @@
 # Installs dependencies, builds sluice and runs every test.
 #
 #   scripts/test.sh             default build + ctest, the fault tests 5 more times,
-#                               the release build (tests built, not run), then the
-#                               ASan/UBSan build + ctest
+#                               the release build (tests built, not run), the tsan
+#                               build (clang: -Wthread-safety -Werror and
+#                               ThreadSanitizer) + its ctest, then the ASan/UBSan
+#                               build + ctest
 #   SLUICE_RELEASE=0 scripts/test.sh   skip the release build
-#   SLUICE_ASAN=0 scripts/test.sh   skip the sanitizer pass
+#   SLUICE_TSAN=0 scripts/test.sh   skip the clang/ThreadSanitizer pass
+#   SLUICE_ASAN=0 scripts/test.sh   skip the ASan pass
 #   SLUICE_FAULT_REPEAT=N           repeat the fault tests N times (default 5; 0 skips)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +40,11 @@ if [ "${SLUICE_RELEASE:-1}" != "0" ]; then
   echo "== sluice: configure + build (release)"
   cmake --preset release >/dev/null
   cmake --build --preset release -j "$JOBS"
+fi
+# clang with -Wthread-safety -Werror (every lock annotation checked) and
+# ThreadSanitizer, in one build; its test preset says which suites run.
+if [ "${SLUICE_TSAN:-1}" != "0" ]; then
+  run_preset tsan
 fi
 if [ "${SLUICE_ASAN:-1}" != "0" ]; then
   run_preset asan
