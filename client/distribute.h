@@ -7,6 +7,15 @@
 //   auto ds = sluice::Dataset::Range(5).Map(x * x).Distribute(opt).Map(x + 1);
 //   auto it = ds.MakeIterator();                 // a new iteration of the job
 //
+// The dataset's definition (Dataset::def(), Serialize(), DebugString())
+// records what is read: the pipeline before Distribute, the service's
+// address and the job (processing_mode, job_name, consumers,
+// target_workers, max_outstanding_requests). The client's own settings
+// (TLS files, auth token, data plane, placement, timeouts) stay in the
+// Dataset value, not in its definition, so the definition holds no secret;
+// a definition rebuilt with Dataset::FromDef reads nothing from the service
+// (FailedPrecondition when iterated).
+//
 // Semantics (as tf.data service):
 //  - parallel_epochs: every worker produces the whole dataset, so with N
 //    workers each element arrives N times (in no particular order).

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,17 @@ class SecurityTest : public ::testing::TestWithParam<std::string> {
     auto w = WorkerServer::Start(wc);
     ASSERT_OK(w);
     workers_.push_back(*std::move(w));
+  }
+  // A dispatcher and a worker requiring mutual TLS and kToken. The worker
+  // serves with the server certificate and presents it to the dispatcher
+  // as its client certificate.
+  void StartMutualTlsService() {
+    ASSERT_OK(*pki_status_);
+    DispatcherConfig dc;
+    dc.tls = pki_.server;
+    dc.auth_token = kToken;
+    StartDispatcher(dc);
+    StartWorker(Worker(kToken, pki_.server));
   }
   DistributeOptions Options(const std::string& token, TlsConfig tls = {}) const {
     DistributeOptions o;
@@ -187,15 +199,35 @@ TEST_P(SecurityTest, AWorkerRefusesElementsToAClientWithoutItsToken) {
   EXPECT_OK(good->GetElement(req));  // not_ready (no such task), but admitted
 }
 
+// The token and the TLS files stay with the client (DistributeOptions),
+// out of the dataset's definition, and reading still presents them.
+TEST_P(SecurityTest, ADefinitionHoldsNoTokenAndNoTlsPath) {
+  ASSERT_NO_FATAL_FAILURE(StartMutualTlsService());
+  DistributeOptions o = Options(kToken, pki_.client);
+  ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(Dataset::Range(5), o));
+  const std::vector<std::pair<Dataset, std::vector<int64_t>>> datasets = {
+      {Dataset::Range(20).Distribute(o).Take(100), Iota(20)},
+      {Dataset::FromDatasetId("parallel_epochs", o.service, id, o), Iota(5)}};
+  for (const auto& [ds, expected] : datasets) {
+    ASSERT_OK_AND_ASSIGN(std::string bytes, ds.Serialize());
+    for (const std::string& text : {bytes, ds.DebugString()}) {
+      for (const std::string& secret :
+           {std::string(kToken), o.tls.cert_file, o.tls.key_file, o.tls.ca_file}) {
+        EXPECT_EQ(text.find(secret), std::string::npos) << secret;
+      }
+    }
+    auto got = CollectScalars<int64_t>(ds);
+    ASSERT_OK(got);
+    EXPECT_THAT(*got, UnorderedElementsAreArray(expected));
+    // Rebuilt from the definition, it has nothing to read the service with.
+    ASSERT_OK_AND_ASSIGN(Dataset rebuilt, Dataset::Deserialize(bytes));
+    EXPECT_STATUS(rebuilt.MakeIterator(), absl::StatusCode::kFailedPrecondition,
+                  "rebuilt from its definition");
+  }
+}
+
 TEST_P(SecurityTest, MutualTlsEverywhere) {
-  ASSERT_OK(*pki_status_);
-  DispatcherConfig dc;
-  dc.tls = pki_.server;
-  dc.auth_token = kToken;
-  StartDispatcher(dc);
-  // The worker serves with the server certificate and presents it to the
-  // dispatcher as its client certificate.
-  StartWorker(Worker(kToken, pki_.server));
+  ASSERT_NO_FATAL_FAILURE(StartMutualTlsService());
   auto ds = Dataset::Range(20).Distribute(Options(kToken, pki_.client));
   auto got = CollectScalars<int64_t>(ds);
   ASSERT_OK(got);
