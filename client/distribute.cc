@@ -723,13 +723,15 @@ Dataset DistributeDataset(const Dataset& input, const DistributeOptions& options
 
 }  // namespace
 
-Dataset Dataset::Distribute(const DistributeOptions& options) const {
-  if (!status().ok()) return *this;
-  return DistributeDataset(*this, options);
+std::function<Dataset(const Dataset&)> Distribute(DistributeOptions options) {
+  return [options = std::move(options)](const Dataset& input) {
+    if (!input.status().ok()) return input;
+    return DistributeDataset(input, options);
+  };
 }
 
-Dataset Dataset::FromDatasetId(const std::string& processing_mode, const std::string& service,
-                               const std::string& dataset_id, const DistributeOptions& options) {
+Dataset FromDatasetId(const std::string& processing_mode, const std::string& service,
+                      const std::string& dataset_id, const DistributeOptions& options) {
   DistributeOptions o = options;
   o.processing_mode = processing_mode;
   o.service = service;

@@ -322,6 +322,14 @@ Dataset Dataset::WithSeed(uint64_t seed) const {
   return Dataset(std::move(rep));
 }
 
+Dataset Dataset::Apply(const std::function<Dataset(const Dataset&)>& transformation) const {
+  if (!status().ok()) return ErrorDataset(status());
+  if (!transformation) {
+    return ErrorDataset(absl::InvalidArgumentError("Apply: the transformation is empty"));
+  }
+  return transformation(*this);
+}
+
 Dataset Dataset::Interleave(const std::function<Dataset(const Dataset&)>& fn,
                             int64_t cycle_length, int64_t block_length,
                             int64_t num_parallel_calls) const {

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const Iter
     return absl::FailedPreconditionError(
         "Distribute: this dataset reads from the sluice service but was rebuilt from its "
         "definition, which does not hold the client's settings (service TLS, token, data "
-        "plane); build it in this process with Distribute or FromDatasetId "
+        "plane); build it in this process with sluice::Distribute or sluice::FromDatasetId "
         "(client/distribute.h)");
   }
   int64_t repetition = a->repetitions->fetch_add(1);

@@ -383,6 +383,25 @@ TEST(DatasetTest, AServiceDatasetRebuiltFromItsDefinitionHasNoReader) {
                 "build it in this process");
 }
 
+TEST(DatasetTest, ApplyChainsATransformation) {
+  auto square_then_take = [](int64_t n) {
+    return [n](const Dataset& d) { return d.Map(x * x).Take(n); };
+  };
+  Dataset ds = Dataset::Range(5).Apply(square_then_take(3)).Map(x + 1);
+  ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(ds));
+  EXPECT_THAT(v, ElementsAre(1, 2, 5));
+  // An error is kept, and the transformation is not called on it.
+  bool called = false;
+  Dataset failed = Dataset::Range(3).Shard(0, 0).Apply([&](const Dataset& d) {
+    called = true;
+    return d;
+  });
+  EXPECT_STATUS(failed.status(), absl::StatusCode::kInvalidArgument, "num_shards must be > 0");
+  EXPECT_FALSE(called);
+  EXPECT_STATUS(Dataset::Range(3).Apply(nullptr).status(), absl::StatusCode::kInvalidArgument,
+                "Apply: the transformation is empty");
+}
+
 TEST(DatasetTest, ShardTakesEveryNth) {
   EXPECT_THAT(*CollectScalars<int64_t>(Dataset::Range(20).Shard(5, 1)), ElementsAre(1, 6, 11, 16));
   EXPECT_EQ(Dataset::Range(20).Shard(5, 1).Cardinality(), 4);
