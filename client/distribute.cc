@@ -1,6 +1,11 @@
 // Distribute / FromDatasetId / RegisterDataset and the data-service
 // iterator.
 //
+// Distribute and FromDatasetId build a DataService node (dataset/ops/
+// data_service.cc) and attach to it a ServiceReader holding the
+// DistributeOptions: the node says what is read (the dataset or its id, the
+// job), the options how (TLS, token, data plane, placement, timeouts).
+//
 // The iterator is event-driven. Its threads (started in Create, joined in
 // the destructor), whatever max_outstanding_requests is:
 //  - a heartbeat thread long-polls ClientHeartbeat to learn the
@@ -24,6 +29,7 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -64,15 +70,10 @@ absl::Status Unreachable(const std::string& address, int64_t timeout_ms, const g
       "on TLS (DistributeOptions::tls)"));
 }
 
-// What the client presents to the service, from the node's options (the
-// token falls back to $SLUICE_AUTH_TOKEN).
-ClientSecurity SecurityOf(const proto::DatasetNode::DataService& node) {
-  ClientSecurity s;
-  s.tls.cert_file = node.tls_cert_file();
-  s.tls.key_file = node.tls_key_file();
-  s.tls.ca_file = node.tls_ca_file();
-  s.auth_token = internal::ClientAuthToken(node.auth_token());
-  return s;
+// What the client presents to the service (the token falls back to
+// $SLUICE_AUTH_TOKEN).
+ClientSecurity SecurityOf(const DistributeOptions& options) {
+  return ClientSecurity{options.tls, internal::ClientAuthToken(options.auth_token)};
 }
 
 // Runs a unary dispatcher call that waits for the channel to connect, up to
@@ -102,16 +103,21 @@ bool EagerSmallRepliesFromEnv() {
   return on;
 }
 
+// Reads iteration `repetition` of the job `node` describes (the dataset or
+// its id, the processing mode, the job's name, consumers and target
+// workers, the dispatcher's address); `options` hold the client's own
+// settings (its other fields are what built `node`).
 class DataServiceIterator final : public Iterator {
  public:
   static absl::StatusOr<std::unique_ptr<Iterator>> Create(
-      const proto::DatasetNode::DataService& node, int64_t repetition) {
+      const proto::DatasetNode::DataService& node, const DistributeOptions& options,
+      int64_t repetition) {
     SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(node.service()));
     SLUICE_ASSIGN_OR_RETURN(proto::ProcessingMode mode,
                             internal::ParseProcessingMode(node.processing_mode()));
     SLUICE_ASSIGN_OR_RETURN(
         const internal::TransportProtocol* protocol,
-        internal::FindTransportProtocol(node.data_transfer_protocol(), "Distribute"));
+        internal::FindTransportProtocol(options.data_transfer_protocol, "Distribute"));
     SLUICE_ASSIGN_OR_RETURN(
         const internal::TransportProtocol* grpc,
         internal::FindTransportProtocol(internal::kGrpcProtocol, "Distribute"));
@@ -119,9 +125,9 @@ class DataServiceIterator final : public Iterator {
       // Place this process's receive pool and progress thread (the first
       // such iterator decides; the decision is logged once).
       PlacementConfig pc;
-      pc.numa_node = node.numa_node().empty() ? "auto" : node.numa_node();
-      pc.cpu_list = node.cpu_list();
-      pc.gpu_pci_bus_id = node.gpu_pci_bus_id();
+      pc.numa_node = options.numa_node.empty() ? "auto" : options.numa_node;
+      pc.cpu_list = options.cpu_list;
+      pc.gpu_pci_bus_id = options.gpu_pci_bus_id;
       auto hooks = MakeBindingHooks(pc);
       if (!hooks.ok()) {
         if (absl::IsInvalidArgument(hooks.status())) {
@@ -139,7 +145,7 @@ class DataServiceIterator final : public Iterator {
         SetClientDataPlanePlacement(std::move(dp));
       }
     }
-    const std::string& pinned = node.cuda_pinned();
+    const std::string& pinned = options.cuda_pinned;
     if (pinned != "off" && protocol->pin_client_buffers_for_cuda) {
       absl::Status s = protocol->pin_client_buffers_for_cuda();
       if (!s.ok() && pinned == "on") {
@@ -149,12 +155,11 @@ class DataServiceIterator final : public Iterator {
         spdlog::debug("sluice client: receive arenas not pinned: {}", std::string(s.message()));
       }
     }
-    ClientSecurity security = SecurityOf(node);
+    ClientSecurity security = SecurityOf(options);
     SLUICE_ASSIGN_OR_RETURN(auto channel, internal::MakeSecureChannel(address, security));
-    std::unique_ptr<DataServiceIterator> it(
-        new DataServiceIterator(node, address, std::move(security), std::move(channel), protocol,
-                                grpc));
-    const int64_t timeout = node.dispatcher_timeout_ms();
+    std::unique_ptr<DataServiceIterator> it(new DataServiceIterator(
+        node, options, address, std::move(security), std::move(channel), protocol, grpc));
+    const int64_t timeout = options.dispatcher_timeout_ms;
     std::string dataset_id = node.dataset_id();
     if (node.has_dataset()) {
       proto::RegisterDatasetRequest req;
@@ -268,17 +273,18 @@ class DataServiceIterator final : public Iterator {
   }
 
  private:
-  DataServiceIterator(const proto::DatasetNode::DataService& node, std::string address,
+  DataServiceIterator(const proto::DatasetNode::DataService& node,
+                      const DistributeOptions& options, std::string address,
                       ClientSecurity security, std::shared_ptr<grpc::Channel> channel,
                       const internal::TransportProtocol* protocol,
                       const internal::TransportProtocol* grpc)
       : node_(node),
+        options_(options),
         protocol_(protocol),
         grpc_(grpc),
         address_(std::move(address)),
         security_(std::move(security)),
-        max_element_bytes_(node.max_element_bytes() > 0 ? node.max_element_bytes()
-                                                        : kDefaultMaxElementBytes),
+        max_element_bytes_(options.max_element_bytes),
         coordinated_(node.num_consumers() > 0),
         mode_(internal::ParseProcessingMode(node.processing_mode())
                   .value_or(proto::PROCESSING_MODE_UNSPECIFIED)),
@@ -328,14 +334,14 @@ class DataServiceIterator final : public Iterator {
     if (!grpc.ok()) return grpc.status();
     auto primary = protocol_->connect(info.transfer_address(), o);
     if (!primary.ok()) {
-      if (node_.no_grpc_fallback()) return primary.status();
+      if (!options_.fallback_to_grpc) return primary.status();
       spdlog::warn("sluice client: cannot use {} to worker {} ({}); falling back to gRPC",
                    protocol_->name, info.worker_address(),
                    std::string(primary.status().message()));
       return grpc;
     }
     return MakeFallbackTransport(*std::move(primary), *std::move(grpc), info.worker_address(),
-                                 !node_.no_grpc_fallback());
+                                 options_.fallback_to_grpc);
   }
 
   // The iteration's error: the reader's (a worker's own error), else one
@@ -363,8 +369,8 @@ class DataServiceIterator final : public Iterator {
   // with no worker to read (none registered, or every task lost), say so,
   // once per iterator, with where the dispatcher is.
   void WarnIfStalledLocked(absl::Duration waited) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (warned_stall_ || node_.stall_warning_ms() <= 0 ||
-        waited < absl::Milliseconds(node_.stall_warning_ms())) {
+    if (warned_stall_ || options_.stall_warning_ms <= 0 ||
+        waited < absl::Milliseconds(options_.stall_warning_ms)) {
       return;
     }
     int64_t live = 0;
@@ -557,10 +563,10 @@ class DataServiceIterator final : public Iterator {
       }
       absl::Time now = absl::Now();
       if (failing_since == absl::InfiniteFuture()) failing_since = now;
-      if (now - failing_since > absl::Milliseconds(node_.dispatcher_timeout_ms())) {
+      if (now - failing_since > absl::Milliseconds(options_.dispatcher_timeout_ms)) {
         error_ = absl::UnavailableError(absl::StrCat(
             "lost contact with the sluice dispatcher at ", address_, " for more than ",
-            node_.dispatcher_timeout_ms(), " ms: ", s.message()));
+            options_.dispatcher_timeout_ms, " ms: ", s.message()));
         return;
       }
       auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
@@ -569,6 +575,7 @@ class DataServiceIterator final : public Iterator {
   }
 
   const proto::DatasetNode::DataService node_;
+  const DistributeOptions options_;
   // The iteration's transfer protocol, and gRPC (its fallback).
   const internal::TransportProtocol* const protocol_;
   const internal::TransportProtocol* const grpc_;
@@ -606,12 +613,19 @@ class DataServiceIterator final : public Iterator {
   grpc::ClientContext* heartbeat_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
-absl::StatusOr<std::unique_ptr<Iterator>> CreateDataServiceIterator(
-    const proto::DatasetNode::DataService& node, int64_t repetition) {
-  return DataServiceIterator::Create(node, repetition);
-}
+// What Distribute and FromDatasetId attach to the node they build.
+class ClientServiceReader final : public internal::ServiceReader {
+ public:
+  explicit ClientServiceReader(DistributeOptions options) : options_(std::move(options)) {}
 
-void InstallFactory() { internal::SetDataServiceIteratorFactory(&CreateDataServiceIterator); }
+  absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(
+      const proto::DatasetNode::DataService& node, int64_t repetition) const override {
+    return DataServiceIterator::Create(node, options_, repetition);
+  }
+
+ private:
+  const DistributeOptions options_;
+};
 
 bool ContainsDataService(const internal::Analysis& a) {
   if (a.node->op_case() == proto::DatasetNode::kDataService) return true;
@@ -680,6 +694,8 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
   return absl::OkStatus();
 }
 
+// The node's description of what is read; the client's own settings
+// (ClientServiceReader's) stay out of it.
 proto::DatasetNode MakeNode(const DistributeOptions& o) {
   proto::DatasetNode n;
   auto* d = n.mutable_data_service();
@@ -687,43 +703,35 @@ proto::DatasetNode MakeNode(const DistributeOptions& o) {
   d->set_service(o.service);
   d->set_job_name(o.job_name);
   d->set_max_outstanding_requests(o.max_outstanding_requests);
-  d->set_data_transfer_protocol(o.data_transfer_protocol);
   d->set_consumer_index(o.consumer_index.value_or(-1));
   d->set_num_consumers(o.num_consumers.value_or(0));
-  d->set_dispatcher_timeout_ms(o.dispatcher_timeout_ms);
-  d->set_no_grpc_fallback(!o.fallback_to_grpc);
-  d->set_numa_node(o.numa_node);
-  d->set_cpu_list(o.cpu_list);
-  d->set_gpu_pci_bus_id(o.gpu_pci_bus_id);
-  d->set_tls_cert_file(o.tls.cert_file);
-  d->set_tls_key_file(o.tls.key_file);
-  d->set_tls_ca_file(o.tls.ca_file);
-  d->set_auth_token(o.auth_token);
-  d->set_max_element_bytes(o.max_element_bytes);
-  d->set_stall_warning_ms(o.stall_warning_ms);
-  d->set_cuda_pinned(o.cuda_pinned);
   d->set_target_workers(o.target_workers);
   return n;
 }
 
-}  // namespace
-
-Dataset Dataset::Distribute(const DistributeOptions& options) const {
-  InstallFactory();
-  if (!status().ok()) return *this;
+Dataset DistributeDataset(const Dataset& input, const DistributeOptions& options) {
   absl::Status s = ValidateOptions(options);
-  if (s.ok() && ContainsDataService(*rep()->analysis)) {
+  if (s.ok() && ContainsDataService(*input.rep()->analysis)) {
     s = absl::InvalidArgumentError("Distribute: the pipeline already contains a Distribute");
   }
   if (!s.ok()) return internal::MakeErrorDataset(std::move(s));
   proto::DatasetNode n = MakeNode(options);
-  *n.mutable_data_service()->mutable_dataset() = def();
-  return internal::MakeDataServiceDataset(std::move(n), this);
+  *n.mutable_data_service()->mutable_dataset() = input.def();
+  return internal::MakeDataServiceDataset(std::move(n), &input,
+                                          std::make_shared<ClientServiceReader>(options));
 }
 
-Dataset Dataset::FromDatasetId(const std::string& processing_mode, const std::string& service,
-                               const std::string& dataset_id, const DistributeOptions& options) {
-  InstallFactory();
+}  // namespace
+
+std::function<Dataset(const Dataset&)> Distribute(DistributeOptions options) {
+  return [options = std::move(options)](const Dataset& input) {
+    if (!input.status().ok()) return input;
+    return DistributeDataset(input, options);
+  };
+}
+
+Dataset FromDatasetId(const std::string& processing_mode, const std::string& service,
+                      const std::string& dataset_id, const DistributeOptions& options) {
   DistributeOptions o = options;
   o.processing_mode = processing_mode;
   o.service = service;
@@ -732,7 +740,8 @@ Dataset Dataset::FromDatasetId(const std::string& processing_mode, const std::st
   if (!s.ok()) return internal::MakeErrorDataset(std::move(s));
   proto::DatasetNode n = MakeNode(o);
   n.mutable_data_service()->set_dataset_id(dataset_id);
-  return internal::MakeDataServiceDataset(std::move(n), nullptr);
+  return internal::MakeDataServiceDataset(std::move(n), nullptr,
+                                          std::make_shared<ClientServiceReader>(std::move(o)));
 }
 
 namespace {
@@ -742,7 +751,7 @@ absl::StatusOr<std::string> RegisterWith(const std::string& service, const Datas
                                          const ClientSecurity& security, int64_t timeout_ms) {
   SLUICE_RETURN_IF_ERROR(dataset.status());
   if (ContainsDataService(*dataset.rep()->analysis)) {
-    // Its Distribute options (the auth token among them) stay in this process.
+    // Workers cannot read from the service (the node has no reader there).
     return absl::InvalidArgumentError(
         "RegisterDataset: the pipeline contains a Distribute; register the part before it");
   }
@@ -771,8 +780,7 @@ absl::StatusOr<std::string> RegisterDataset(const Dataset& dataset,
                                             const DistributeOptions& options,
                                             const std::string& dataset_id) {
   SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(options.auth_token, "RegisterDataset"));
-  ClientSecurity security{options.tls, internal::ClientAuthToken(options.auth_token)};
-  return RegisterWith(options.service, dataset, dataset_id, security,
+  return RegisterWith(options.service, dataset, dataset_id, SecurityOf(options),
                       options.dispatcher_timeout_ms);
 }
 

@@ -4,8 +4,17 @@
 //   opt.service = dispatcher->target();          // "grpc://host:port"
 //   opt.processing_mode = "parallel_epochs";
 //   opt.job_name = "train";                      // optional: share one job
-//   auto ds = sluice::Dataset::Range(5).Map(x * x).Distribute(opt).Map(x + 1);
+//   auto ds = sluice::Dataset::Range(5).Map(x * x).Apply(sluice::Distribute(opt)).Map(x + 1);
 //   auto it = ds.MakeIterator();                 // a new iteration of the job
+//
+// The dataset's definition (Dataset::def(), Serialize(), DebugString())
+// records what is read: the pipeline before Distribute, the service's
+// address and the job (processing_mode, job_name, consumers,
+// target_workers, max_outstanding_requests). The client's own settings
+// (TLS files, auth token, data plane, placement, timeouts) stay in the
+// Dataset value, not in its definition, so the definition holds no secret;
+// a definition rebuilt with Dataset::FromDef reads nothing from the service
+// (FailedPrecondition when iterated).
 //
 // Semantics (as tf.data service):
 //  - parallel_epochs: every worker produces the whole dataset, so with N
@@ -36,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -122,6 +132,20 @@ struct DistributeOptions {
   // InvalidArgument.
   std::string cuda_pinned = "auto";
 };
+
+// Everything before Distribute runs on the service's workers; the elements
+// stream to this process, where later steps run. Each MakeIterator() of the
+// result is a new iteration of the job. A transformation for
+// Dataset::Apply: `ds.Apply(sluice::Distribute(options))`. Invalid options,
+// or a pipeline that already contains a Distribute, give a dataset whose
+// status() is InvalidArgument naming the field.
+std::function<Dataset(const Dataset&)> Distribute(DistributeOptions options);
+
+// Reads a dataset registered with RegisterDataset (as tf.data's
+// from_dataset_id); `processing_mode` and `service` replace those of
+// `options`.
+Dataset FromDatasetId(const std::string& processing_mode, const std::string& service,
+                      const std::string& dataset_id, const DistributeOptions& options);
 
 // Registers `dataset` with the service and returns its id (identical
 // definitions get the same id). This form uses plain-text gRPC and

@@ -146,10 +146,16 @@ Dataset FilenamesDataset(std::vector<std::string> files) {
 namespace internal {
 Dataset MakeErrorDataset(absl::Status s) { return ErrorDataset(std::move(s)); }
 
-Dataset MakeDataServiceDataset(proto::DatasetNode node, const Dataset* input) {
+Dataset MakeDataServiceDataset(proto::DatasetNode node, const Dataset* input,
+                               std::shared_ptr<const ServiceReader> reader) {
   if (input != nullptr && !input->status().ok()) return ErrorDataset(input->status());
   std::vector<const Dataset*> none;
   Dataset d = Finish(std::move(node), none, input != nullptr ? input->rep()->analysis : nullptr);
+  if (!d.status().ok()) return d;
+  // The analysis is d's own (nothing shares it yet): attach the reader.
+  auto with_reader = std::make_shared<Analysis>(*d.rep()->analysis);
+  with_reader->reader = std::move(reader);
+  d.rep()->analysis = std::move(with_reader);
   // The seed applies to the steps after Distribute too.
   if (input != nullptr && input->def().has_seed()) return d.WithSeed(input->def().seed());
   return d;
@@ -314,6 +320,14 @@ Dataset Dataset::WithSeed(uint64_t seed) const {
   rep->def = std::move(def);
   rep->analysis = rep_->analysis;  // the same nodes (kept alive by it)
   return Dataset(std::move(rep));
+}
+
+Dataset Dataset::Apply(const std::function<Dataset(const Dataset&)>& transformation) const {
+  if (!status().ok()) return ErrorDataset(status());
+  if (!transformation) {
+    return ErrorDataset(absl::InvalidArgumentError("Apply: the transformation is empty"));
+  }
+  return transformation(*this);
 }
 
 Dataset Dataset::Interleave(const std::function<Dataset(const Dataset&)>& fn,

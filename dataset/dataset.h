@@ -35,8 +35,6 @@ class DatasetDef;
 class DatasetNode;
 }  // namespace proto
 
-struct DistributeOptions;  // client/distribute.h
-
 // Pulls elements. Not thread-safe: one thread calls Next() at a time.
 class Iterator {
  public:
@@ -145,15 +143,13 @@ class Dataset {
   // (docs/datasets.md, "Randomness"). Without a seed every iterator draws
   // a random one. Carried through later steps and Distribute.
   Dataset WithSeed(uint64_t seed) const;
-
-  // ---- the service (implemented by the client library, client/distribute.h) ----
-  // Everything before Distribute runs on the service's workers; the
-  // elements stream to this process, where later steps run. Each
-  // MakeIterator() of the result is a new iteration of the job.
-  Dataset Distribute(const DistributeOptions& options) const;
-  // Reads a dataset registered with RegisterDataset(service, dataset).
-  static Dataset FromDatasetId(const std::string& processing_mode, const std::string& service,
-                               const std::string& dataset_id, const DistributeOptions& options);
+  // transformation(*this), so that a step defined elsewhere chains like the
+  // ones above (tf.data's apply), such as the client library's
+  // sluice::Distribute (client/distribute.h):
+  //   Dataset::Range(5).Map(x * x).Apply(sluice::Distribute(options)).Map(x + 1)
+  // A dataset whose status() is an error is returned as it is, without
+  // calling `transformation`.
+  Dataset Apply(const std::function<Dataset(const Dataset&)>& transformation) const;
 
   // ---- inspection ----
   const absl::Status& status() const;

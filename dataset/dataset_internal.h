@@ -20,6 +20,22 @@
 
 namespace sluice::internal {
 
+// Reads a DataService node's elements from the service: the client library
+// (client/distribute.cc) implements it and attaches one to each node it
+// builds (MakeDataServiceDataset), holding what only the client knows (the
+// service's TLS files and token, data plane, placement, timeouts). The
+// definition carries none of it, so a DataService node rebuilt from a
+// definition (FromDef) has no reader and cannot be iterated.
+// Thread-safe: iterators of one dataset may be created on several threads.
+class ServiceReader {
+ public:
+  virtual ~ServiceReader() = default;
+  // An iterator over iteration `repetition` (0, 1, ...) of the job that
+  // `node` describes; `node` is the one the reader was attached to.
+  virtual absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(
+      const proto::DatasetNode::DataService& node, int64_t repetition) const = 0;
+};
+
 struct Analysis {
   std::shared_ptr<const void> keep_alive;  // owns the proto `node` points into
   const proto::DatasetNode* node = nullptr;
@@ -36,21 +52,18 @@ struct Analysis {
   // DataService: counts the iterators created, so each is the next
   // repetition (iteration) of the job.
   std::shared_ptr<std::atomic<int64_t>> repetitions;
+  // DataService: what reads it (null when built from a definition).
+  std::shared_ptr<const ServiceReader> reader;
 };
-
-// Creates the client-side iterator of a DataService node; installed by the
-// client library (client/distribute.cc) when Distribute/FromDatasetId is
-// first used.
-using DataServiceIteratorFactory = absl::StatusOr<std::unique_ptr<Iterator>> (*)(
-    const proto::DatasetNode::DataService& node, int64_t repetition);
-void SetDataServiceIteratorFactory(DataServiceIteratorFactory factory);
-DataServiceIteratorFactory GetDataServiceIteratorFactory();
 
 // A dataset whose status() is `s` (for builders in other modules).
 Dataset MakeErrorDataset(absl::Status s);
 
-// Wraps an analyzed DataService node into a Dataset (used by the client).
-Dataset MakeDataServiceDataset(proto::DatasetNode node, const Dataset* input);
+// Wraps a DataService node into a Dataset whose iterators `reader` makes
+// (used by the client). `input`: the pipeline the node's definition holds
+// (null for a dataset_id); its seed carries on.
+Dataset MakeDataServiceDataset(proto::DatasetNode node, const Dataset* input,
+                               std::shared_ptr<const ServiceReader> reader);
 
 // Analyzes `node` whose inputs (in proto field order; Interleave: the input
 // only) have been analyzed. `placeholder` is the spec a Placeholder source

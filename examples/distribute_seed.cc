@@ -13,7 +13,7 @@ int main() {
   sluice::DistributeOptions opt;
   opt.service = service.dispatcher->target();
   opt.processing_mode = "parallel_epochs";
-  auto ds = sluice::Dataset::Range(5).Map(x * x).Distribute(opt).Map(x + 1);
+  auto ds = sluice::Dataset::Range(5).Map(x * x).Apply(sluice::Distribute(opt)).Map(x + 1);
   std::vector<int64_t> got;
   if (!sluice_examples::DrainInt64(ds, &got)) return 1;
   std::printf("Range(5).Map(x*x).Distribute(parallel_epochs).Map(x+1), sorted: %s\n",

@@ -3,7 +3,7 @@
 //   ImageFolder(root)                    (path, label) per root/<class>/<image>
 //     .Map(read, decode, RandomResizedCrop(224), flip, normalize)   on the workers
 //     .Batch(64)                         float32 [64, 3, 224, 224] + int64 [64]
-//     .Distribute(distributed_epoch)     each image once, over 2 workers
+//     .Apply(Distribute(distributed_epoch))   each image once, over 2 workers
 //
 //   sluice_imagenet_pipeline ROOT [--workers N] [--batch B] [--epochs E] [--seed S]
 //
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
                       x[1]},
                      sluice::kAutotune)
                 .Batch(batch)
-                .Distribute(opt);
+                .Apply(sluice::Distribute(opt));
   if (!ds.status().ok()) {
     std::fprintf(stderr, "error: %s\n", ds.status().ToString().c_str());
     return 1;

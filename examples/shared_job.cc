@@ -24,7 +24,7 @@ int main() {
   for (int c = 0; c < kConsumers; ++c) {
     consumers.emplace_back([&, c] {
       // Each consumer builds its own dataset, as separate trainers would.
-      auto ds = sluice::Dataset::Range(10).Distribute(opt);
+      auto ds = sluice::Dataset::Range(10).Apply(sluice::Distribute(opt));
       for (int i = 0; i < kIterations; ++i) {
         auto it = ds.MakeIterator();
         if (!it.ok()) {

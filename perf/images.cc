@@ -384,7 +384,7 @@ absl::StatusOr<Record> RunImagesClient(const ImagesClientOptions& o) {
     d.processing_mode = "distributed_epoch";
     d.data_transfer_protocol = o.protocol;
     d.max_outstanding_requests = o.max_outstanding;
-    ds = ds.Distribute(d);
+    ds = ds.Apply(Distribute(d));
   }
   if (o.normalize_on_client) ds = Normalized(ds);
   SLUICE_RETURN_IF_ERROR(ds.status());

@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<Iterator>> Open(const ClientOptions& o, int64_t o
   d.data_transfer_protocol = o.protocol;
   d.fallback_to_grpc = false;  // measure the path asked for, or fail
   d.max_outstanding_requests = outstanding;
-  Dataset ds = WorkloadDataset(o).Distribute(d);
+  Dataset ds = WorkloadDataset(o).Apply(Distribute(d));
   SLUICE_RETURN_IF_ERROR(ds.status());
   return ds.MakeIterator();
 }

@@ -852,7 +852,7 @@ library's message) when the step is invalid. Iterating starts a new pass.)doc");
                   const std::string& dataset_id, py::kwargs kwargs) {
                  DistributeOptions o =
                      MakeDistributeOptions("from_dataset_id", processing_mode, service, kwargs);
-                 return Checked(Dataset::FromDatasetId(o.processing_mode, o.service, dataset_id, o));
+                 return Checked(FromDatasetId(o.processing_mode, o.service, dataset_id, o));
                },
                py::arg("processing_mode"), py::arg("service"), py::arg("dataset_id"),
                "Reads a dataset registered with sluice.register_dataset (keyword arguments: "
@@ -921,8 +921,8 @@ library's message) when the step is invalid. Iterating starts a new pass.)doc");
      "fn(Dataset) -> Dataset, applied to a one-element dataset per input element.");
   d.def("distribute", [](const Dataset& ds, const std::string& processing_mode,
                          const std::string& service, py::kwargs kwargs) {
-    return Checked(ds.Distribute(MakeDistributeOptions("distribute", processing_mode, service,
-                                                        kwargs)));
+    DistributeOptions o = MakeDistributeOptions("distribute", processing_mode, service, kwargs);
+    return Checked(ds.Apply(Distribute(std::move(o))));
   }, py::arg("processing_mode") = "parallel_epochs", py::arg("service") = "",
      "Runs the pipeline so far on the service's workers. Keyword arguments: the fields of "
      "C++ DistributeOptions (job_name, max_outstanding_requests, target_workers, "

@@ -1,14 +1,13 @@
 // DataService (Distribute / FromDatasetId): elements produced by the
 // service. The pipeline before Distribute runs on workers; this node runs
-// in the client, through the iterator factory the client library installs.
+// in the client, through the ServiceReader the client library attached to
+// it when it built the node.
 #include <atomic>
 
 #include "sluice/dataset/ops/op.h"
 
 namespace sluice::internal {
 namespace {
-
-std::atomic<DataServiceIteratorFactory> g_data_service_factory{nullptr};
 
 absl::Status Analyze(Analysis& a, const ElementSpec*) {
   const auto& d = a.node->data_service();
@@ -36,25 +35,18 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
 
 // Each iterator is the next repetition (iteration) of the job.
 absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext&) {
-  DataServiceIteratorFactory factory = GetDataServiceIteratorFactory();
-  if (factory == nullptr) {
+  if (a->reader == nullptr) {
     return absl::FailedPreconditionError(
-        "this dataset reads from the sluice service; link the sluice client library "
-        "(sluice::client or sluice::sluice)");
+        "Distribute: this dataset reads from the sluice service but was rebuilt from its "
+        "definition, which does not hold the client's settings (service TLS, token, data "
+        "plane); build it in this process with sluice::Distribute or sluice::FromDatasetId "
+        "(client/distribute.h)");
   }
   int64_t repetition = a->repetitions->fetch_add(1);
-  return factory(a->node->data_service(), repetition);
+  return a->reader->MakeIterator(a->node->data_service(), repetition);
 }
 
 }  // namespace
-
-void SetDataServiceIteratorFactory(DataServiceIteratorFactory factory) {
-  g_data_service_factory.store(factory);
-}
-
-DataServiceIteratorFactory GetDataServiceIteratorFactory() {
-  return g_data_service_factory.load();
-}
 
 // Not splittable, and not sharded: it reads what the service shards.
 extern const OpDef kDataServiceOp = {

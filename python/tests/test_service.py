@@ -69,6 +69,19 @@ def test_register_dataset_and_from_dataset_id(service):
     assert named == "two"
 
 
+def test_a_distributed_dataset_shows_no_token_and_no_tls_path(service):
+    tls = sluice.TlsConfig("/secret/client.pem", "/secret/client.key", "/secret/ca.pem")
+    ds = sluice.Dataset.range(3).distribute(service=service.target, auth_token="py-secret-token",
+                                            tls=tls).map(x + 1)
+    for text in (repr(ds), ds.serialize().decode("latin-1")):
+        for secret in ("py-secret-token", "/secret/"):
+            assert secret not in text
+    assert service.target in repr(ds)  # what it reads is shown
+    rebuilt = sluice.Dataset.deserialize(ds.serialize())
+    with pytest.raises(RuntimeError, match="rebuilt from its definition"):
+        list(rebuilt)
+
+
 def test_multi_component_elements_and_strings(service):
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     ds = sluice.Dataset.from_tensors([(a, b"label", np.array([True, False]))]).distribute(

@@ -345,19 +345,24 @@ TEST(DatasetTest, FiniteRepeatRunsEveryRepetitionEvenEmptyOnes) {
 
 // Stands in for the client library: iterations 0 and 1 of the job are
 // already finished (a late consumer reads nothing), later ones yield 0..3.
-absl::StatusOr<std::unique_ptr<Iterator>> LateJoinerIterations(
-    const proto::DatasetNode::DataService&, int64_t repetition) {
-  return Dataset::Range(repetition < 2 ? 0 : 4).MakeIterator();
+class LateJoinerIterations final : public internal::ServiceReader {
+ public:
+  absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(const proto::DatasetNode::DataService&,
+                                                         int64_t repetition) const override {
+    return Dataset::Range(repetition < 2 ? 0 : 4).MakeIterator();
+  }
+};
+
+// A DataService node reading dataset "1" through `reader`.
+Dataset ServiceDataset(std::shared_ptr<const internal::ServiceReader> reader) {
+  proto::DatasetNode n;
+  n.mutable_data_service()->set_dataset_id("1");
+  n.mutable_data_service()->set_max_outstanding_requests(1);
+  return internal::MakeDataServiceDataset(std::move(n), nullptr, std::move(reader));
 }
 
 TEST(DatasetTest, RepeatOverAServiceDatasetGoesOnPastEmptyIterations) {
-  internal::SetDataServiceIteratorFactory(&LateJoinerIterations);
-  auto service = [] {
-    proto::DatasetNode n;
-    n.mutable_data_service()->set_dataset_id("1");
-    n.mutable_data_service()->set_max_outstanding_requests(1);
-    return internal::MakeDataServiceDataset(std::move(n), nullptr);
-  };
+  auto service = [] { return ServiceDataset(std::make_shared<LateJoinerIterations>()); };
   ASSERT_OK(service().status());
   ASSERT_OK_AND_ASSIGN(auto finite, CollectScalars<int64_t>(service().Repeat(4)));
   EXPECT_THAT(finite, ElementsAre(0, 1, 2, 3, 0, 1, 2, 3));
@@ -366,7 +371,35 @@ TEST(DatasetTest, RepeatOverAServiceDatasetGoesOnPastEmptyIterations) {
   ASSERT_OK_AND_ASSIGN(auto forever,
                        CollectScalars<int64_t>(service().Take(100).Repeat().Take(10)));
   EXPECT_THAT(forever, ElementsAre(0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
-  internal::SetDataServiceIteratorFactory(nullptr);
+}
+
+TEST(DatasetTest, AServiceDatasetRebuiltFromItsDefinitionHasNoReader) {
+  Dataset service = ServiceDataset(std::make_shared<LateJoinerIterations>()).Map(x + 1);
+  ASSERT_OK(service.status());
+  ASSERT_OK_AND_ASSIGN(Dataset rebuilt, Dataset::FromDef(service.def()));
+  EXPECT_STATUS(rebuilt.MakeIterator(), absl::StatusCode::kFailedPrecondition,
+                "rebuilt from its definition");
+  EXPECT_STATUS(ServiceDataset(nullptr).MakeIterator(), absl::StatusCode::kFailedPrecondition,
+                "build it in this process");
+}
+
+TEST(DatasetTest, ApplyChainsATransformation) {
+  auto square_then_take = [](int64_t n) {
+    return [n](const Dataset& d) { return d.Map(x * x).Take(n); };
+  };
+  Dataset ds = Dataset::Range(5).Apply(square_then_take(3)).Map(x + 1);
+  ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(ds));
+  EXPECT_THAT(v, ElementsAre(1, 2, 5));
+  // An error is kept, and the transformation is not called on it.
+  bool called = false;
+  Dataset failed = Dataset::Range(3).Shard(0, 0).Apply([&](const Dataset& d) {
+    called = true;
+    return d;
+  });
+  EXPECT_STATUS(failed.status(), absl::StatusCode::kInvalidArgument, "num_shards must be > 0");
+  EXPECT_FALSE(called);
+  EXPECT_STATUS(Dataset::Range(3).Apply(nullptr).status(), absl::StatusCode::kInvalidArgument,
+                "Apply: the transformation is empty");
 }
 
 TEST(DatasetTest, ShardTakesEveryNth) {

@@ -245,7 +245,7 @@ TEST_P(ServiceMetricsTest, EndpointsCountThePipeline) {
   o.service = dispatcher->target();
   o.data_transfer_protocol = GetParam();
   o.fallback_to_grpc = false;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(25).Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(25).Apply(Distribute(o)).MakeIterator());
   int n = 0;
   while (true) {
     ASSERT_OK_AND_ASSIGN(auto e, it->Next());

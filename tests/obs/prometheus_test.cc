@@ -74,7 +74,7 @@ TEST(PrometheusTest, ScrapesTheDispatcherAndTheWorker) {
   DistributeOptions o;
   o.service = dispatcher->target();
   o.data_transfer_protocol = "grpc";
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kElements).Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kElements).Apply(Distribute(o)).MakeIterator());
   int n = 0;
   while (true) {
     ASSERT_OK_AND_ASSIGN(auto e, it->Next());

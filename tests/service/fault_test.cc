@@ -49,7 +49,7 @@ TEST_F(MultiProcessTest, WorkerKilledMidStreamDoesNotHangTheClient) {
   const DataServiceStats before = GetDataServiceStats();
   DistributeOptions opt;
   opt.service = ServiceTarget();
-  auto ds = Dataset::Range(kN).Distribute(opt);
+  auto ds = Dataset::Range(kN).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
   std::vector<int64_t> values;
   values.reserve(2 * kN);
@@ -107,7 +107,7 @@ TEST_F(MultiProcessTest, DistributedEpochWorkerKilledLosesNoElement) {
   DistributeOptions opt;
   opt.service = ServiceTarget();
   opt.processing_mode = "distributed_epoch";
-  auto ds = Dataset::Range(kN).Distribute(opt);
+  auto ds = Dataset::Range(kN).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
   std::vector<int64_t> values;
   bool killed = false;
@@ -157,7 +157,7 @@ TEST_F(MultiProcessTest, DispatcherKilledAndRestartedMidEpochLosesNoElement) {
   DistributeOptions opt;
   opt.service = ServiceTarget();
   opt.processing_mode = "distributed_epoch";
-  auto ds = Dataset::Range(kN).Distribute(opt);
+  auto ds = Dataset::Range(kN).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
   std::vector<int64_t> values;
   absl::Status restarted = absl::UnknownError("never restarted");
@@ -195,7 +195,7 @@ TEST_F(MultiProcessTest, DispatcherKilledAndRestartedParallelEpochsContinues) {
   opt.service = ServiceTarget();
   opt.processing_mode = "parallel_epochs";
   opt.job_name = "continues";
-  auto ds = Dataset::Range(kN).Distribute(opt);
+  auto ds = Dataset::Range(kN).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
   std::vector<int64_t> values;
   absl::Status restarted = absl::UnknownError("never restarted");

@@ -216,7 +216,7 @@ TEST_F(LivenessTest, BogusAndUnreachableWorkersAreRefused) {
   opt.processing_mode = "distributed_epoch";
   std::vector<int64_t> values;
   {
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(opt)).MakeIterator());
     ASSERT_OK(Drain(*it, &values));
   }
   watchdog.Disarm();
@@ -235,7 +235,7 @@ TEST_F(LivenessTest, UpdatesFromUnknownSendersChangeNothing) {
   DistributeOptions opt;
   opt.service = ServiceTarget();
   opt.max_outstanding_requests = 1;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(opt)).MakeIterator());
   std::vector<int64_t> values;
   ASSERT_OK_AND_ASSIGN(auto first, it->Next());
   ASSERT_TRUE(first.has_value());

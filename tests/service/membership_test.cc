@@ -91,7 +91,7 @@ TEST_P(MembershipTest, RestartedWorkerGetsATaskAndStartsOver) {
                       [this] { KillAllChildren(); });
     DistributeOptions opt = Options("parallel_epochs");
     opt.max_outstanding_requests = 1;
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(opt)).MakeIterator());
     std::vector<int64_t> before;
     for (int64_t i = 0; i < kN / 2; ++i) {
       ASSERT_OK_AND_ASSIGN(auto e, it->Next());
@@ -128,8 +128,8 @@ TEST_P(MembershipTest, WorkerJoiningBeforeTheClientReadToTheEndGetsATask) {
                                  "--data_transfer_protocol", GetParam().protocol}));
   Watchdog watchdog(absl::Seconds(120), "WorkerJoiningBeforeTheClientReadToTheEndGetsATask",
                     [this] { KillAllChildren(); });
-  ASSERT_OK_AND_ASSIGN(auto it,
-                       Dataset::Range(kN).Distribute(Options("parallel_epochs")).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(
+      auto it, Dataset::Range(kN).Apply(Distribute(Options("parallel_epochs"))).MakeIterator());
   std::vector<int64_t> values;
   for (int64_t i = 0; i < kN / 2; ++i) {
     ASSERT_OK_AND_ASSIGN(auto e, it->Next());
@@ -177,7 +177,7 @@ TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
     std::vector<int64_t> values;
     absl::Status restarted = absl::UnknownError("never restarted");
     {
-      ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+      ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(opt)).MakeIterator());
       ASSERT_OK(Drain(*it, &values, [&](int64_t received) {
         if (received == kN / 2) restarted = KillAndRestartDispatcher(c.graceful);
       }));
@@ -223,7 +223,7 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
                     [this] { KillAllChildren(); });
   DistributeOptions opt = Options("distributed_epoch");
   opt.dispatcher_timeout_ms = 30000;
-  auto ds = Dataset::Range(kN).Map(expr::x * 3).Distribute(opt);
+  auto ds = Dataset::Range(kN).Map(expr::x * 3).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
   std::vector<int64_t> expected(kN);
   for (int64_t i = 0; i < kN; ++i) expected[i] = 3 * i;

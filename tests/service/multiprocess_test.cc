@@ -31,7 +31,7 @@ TEST_F(MultiProcessTest, DistributedPipelineAcrossProcesses) {
 
   DistributeOptions opt;
   opt.service = ServiceTarget();
-  auto ds = Dataset::Range(5).Map(x * x).Distribute(opt).Map(x + 1);
+  auto ds = Dataset::Range(5).Map(x * x).Apply(Distribute(opt)).Map(x + 1);
   ASSERT_OK(ds.status());
   std::vector<int64_t> values;
   {
@@ -65,7 +65,7 @@ TEST_F(MultiProcessTest, DatasetThatFailsToValidateOnTheWorkerIsInvalidArgument)
     Watchdog watchdog(absl::Seconds(120), "validate-without-plugin", [this] { KillAllChildren(); });
     DistributeOptions opt;
     opt.service = ServiceTarget();
-    auto ds = Dataset::Range(4).Map(Udf("plugin_double")).Distribute(opt);
+    auto ds = Dataset::Range(4).Map(Udf("plugin_double")).Apply(Distribute(opt));
     ASSERT_OK(ds.status());  // valid here: this process has the UDF
     ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
     std::vector<int64_t> values;
@@ -86,7 +86,7 @@ TEST_F(MultiProcessTest, DatasetThatFailsToValidateOnTheWorkerIsInvalidArgument)
   Watchdog watchdog(absl::Seconds(120), "validate-with-plugin", [this] { KillAllChildren(); });
   DistributeOptions opt;
   opt.service = ServiceTarget();
-  auto ds = Dataset::Range(4).Map(Udf("plugin_double")).Distribute(opt);
+  auto ds = Dataset::Range(4).Map(Udf("plugin_double")).Apply(Distribute(opt));
   std::vector<int64_t> values;
   {
     ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
@@ -160,13 +160,13 @@ TEST_F(MultiProcessTest, MutualTlsAndTokenFromTheCommandLine) {
   opt.auth_token = "mp-secret";
   std::vector<int64_t> values;
   {
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10).Distribute(opt).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10).Apply(Distribute(opt)).MakeIterator());
     ASSERT_OK(Drain(*it, &values));
   }
   std::sort(values.begin(), values.end());
   EXPECT_THAT(values, ElementsAreArray({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
   opt.auth_token = "not-it";
-  EXPECT_EQ(Dataset::Range(10).Distribute(opt).MakeIterator().status().code(),
+  EXPECT_EQ(Dataset::Range(10).Apply(Distribute(opt)).MakeIterator().status().code(),
             absl::StatusCode::kUnauthenticated);
   // A worker with another token cannot register: it exits with the reason.
   {

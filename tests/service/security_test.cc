@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +78,17 @@ class SecurityTest : public ::testing::TestWithParam<std::string> {
     ASSERT_OK(w);
     workers_.push_back(*std::move(w));
   }
+  // A dispatcher and a worker requiring mutual TLS and kToken. The worker
+  // serves with the server certificate and presents it to the dispatcher
+  // as its client certificate.
+  void StartMutualTlsService() {
+    ASSERT_OK(*pki_status_);
+    DispatcherConfig dc;
+    dc.tls = pki_.server;
+    dc.auth_token = kToken;
+    StartDispatcher(dc);
+    StartWorker(Worker(kToken, pki_.server));
+  }
   DistributeOptions Options(const std::string& token, TlsConfig tls = {}) const {
     DistributeOptions o;
     o.service = dispatcher_->target();
@@ -107,11 +119,11 @@ TEST_P(SecurityTest, TheRightTokenWorksOnBothPlanes) {
   dc.auth_token = kToken;
   StartDispatcher(dc);
   StartWorker(Worker(kToken));
-  auto ds = Dataset::Range(20).Distribute(Options(kToken));
+  auto ds = Dataset::Range(20).Apply(Distribute(Options(kToken)));
   EXPECT_THAT(CollectScalars<int64_t>(ds).value(), UnorderedElementsAreArray(Iota(20)));
   DistributeOptions o = Options(kToken);
   ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(Dataset::Range(5), o));
-  auto by_id = Dataset::FromDatasetId("parallel_epochs", o.service, id, o);
+  auto by_id = FromDatasetId("parallel_epochs", o.service, id, o);
   EXPECT_THAT(CollectScalars<int64_t>(by_id).value(), UnorderedElementsAreArray(Iota(5)));
 }
 
@@ -121,7 +133,7 @@ TEST_P(SecurityTest, TheClientReadsTheTokenFromTheEnvironment) {
   StartDispatcher(dc);
   StartWorker(Worker(kToken));
   ASSERT_EQ(setenv("SLUICE_AUTH_TOKEN", kToken, 1), 0);
-  auto got = CollectScalars<int64_t>(Dataset::Range(10).Distribute(Options("")));
+  auto got = CollectScalars<int64_t>(Dataset::Range(10).Apply(Distribute(Options(""))));
   unsetenv("SLUICE_AUTH_TOKEN");
   ASSERT_OK(got);
   EXPECT_THAT(*got, UnorderedElementsAreArray(Iota(10)));
@@ -148,14 +160,14 @@ TEST_P(SecurityTest, AClientWithoutTheTokenCannotUseTheDispatcher) {
     // RegisterDataset, directly and as the iterator's first call.
     EXPECT_STATUS(RegisterDataset(Dataset::Range(5), o), absl::StatusCode::kUnauthenticated,
                   "dispatcher refused the request");
-    EXPECT_STATUS(Dataset::Range(5).Distribute(o).MakeIterator(),
+    EXPECT_STATUS(Dataset::Range(5).Apply(Distribute(o)).MakeIterator(),
                   absl::StatusCode::kUnauthenticated, "dispatcher refused the request");
   }
   // GetOrCreateJob (FromDatasetId registers nothing): a registered id is
   // not enough without the token.
   ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(Dataset::Range(5), Options(kToken)));
   DistributeOptions bad = Options("wrong");
-  EXPECT_STATUS(Dataset::FromDatasetId("parallel_epochs", bad.service, id, bad).MakeIterator(),
+  EXPECT_STATUS(FromDatasetId("parallel_epochs", bad.service, id, bad).MakeIterator(),
                 absl::StatusCode::kUnauthenticated, "dispatcher refused the request");
 }
 
@@ -164,7 +176,7 @@ TEST_P(SecurityTest, AClientWithoutTheTokenCannotUseTheDispatcher) {
 TEST_P(SecurityTest, AWorkerRefusesElementsToAClientWithoutItsToken) {
   StartDispatcher();
   StartWorker(Worker(kToken));
-  auto it = Dataset::Range(10).Distribute(Options("wrong")).MakeIterator();
+  auto it = Dataset::Range(10).Apply(Distribute(Options("wrong"))).MakeIterator();
   ASSERT_OK(it);
   EXPECT_STATUS((*it)->Next(), absl::StatusCode::kUnauthenticated, "worker");
   // Straight at the worker's transports.
@@ -187,16 +199,36 @@ TEST_P(SecurityTest, AWorkerRefusesElementsToAClientWithoutItsToken) {
   EXPECT_OK(good->GetElement(req));  // not_ready (no such task), but admitted
 }
 
+// The token and the TLS files stay with the client (DistributeOptions),
+// out of the dataset's definition, and reading still presents them.
+TEST_P(SecurityTest, ADefinitionHoldsNoTokenAndNoTlsPath) {
+  ASSERT_NO_FATAL_FAILURE(StartMutualTlsService());
+  DistributeOptions o = Options(kToken, pki_.client);
+  ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(Dataset::Range(5), o));
+  const std::vector<std::pair<Dataset, std::vector<int64_t>>> datasets = {
+      {Dataset::Range(20).Apply(Distribute(o)).Take(100), Iota(20)},
+      {FromDatasetId("parallel_epochs", o.service, id, o), Iota(5)}};
+  for (const auto& [ds, expected] : datasets) {
+    ASSERT_OK_AND_ASSIGN(std::string bytes, ds.Serialize());
+    for (const std::string& text : {bytes, ds.DebugString()}) {
+      for (const std::string& secret :
+           {std::string(kToken), o.tls.cert_file, o.tls.key_file, o.tls.ca_file}) {
+        EXPECT_EQ(text.find(secret), std::string::npos) << secret;
+      }
+    }
+    auto got = CollectScalars<int64_t>(ds);
+    ASSERT_OK(got);
+    EXPECT_THAT(*got, UnorderedElementsAreArray(expected));
+    // Rebuilt from the definition, it has nothing to read the service with.
+    ASSERT_OK_AND_ASSIGN(Dataset rebuilt, Dataset::Deserialize(bytes));
+    EXPECT_STATUS(rebuilt.MakeIterator(), absl::StatusCode::kFailedPrecondition,
+                  "rebuilt from its definition");
+  }
+}
+
 TEST_P(SecurityTest, MutualTlsEverywhere) {
-  ASSERT_OK(*pki_status_);
-  DispatcherConfig dc;
-  dc.tls = pki_.server;
-  dc.auth_token = kToken;
-  StartDispatcher(dc);
-  // The worker serves with the server certificate and presents it to the
-  // dispatcher as its client certificate.
-  StartWorker(Worker(kToken, pki_.server));
-  auto ds = Dataset::Range(20).Distribute(Options(kToken, pki_.client));
+  ASSERT_NO_FATAL_FAILURE(StartMutualTlsService());
+  auto ds = Dataset::Range(20).Apply(Distribute(Options(kToken, pki_.client)));
   auto got = CollectScalars<int64_t>(ds);
   ASSERT_OK(got);
   EXPECT_THAT(*got, UnorderedElementsAreArray(Iota(20)));
@@ -275,7 +307,7 @@ TEST_P(SecurityTest, OversizedRequestsAndElementsAreRefused) {
   EXPECT_OK(RegisterDataset(constant(4 << 10), o));
   // An element larger than the client's limit fails the iterator.
   o.max_element_bytes = 8 << 10;
-  auto ds = constant(12 << 10).Distribute(o);
+  auto ds = constant(12 << 10).Apply(Distribute(o));
   auto it = ds.MakeIterator();
   ASSERT_OK(it);
   EXPECT_STATUS((*it)->Next(), absl::StatusCode::kResourceExhausted, "");

@@ -158,7 +158,7 @@ class ServiceTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(ServiceTest, SeedExampleRunsBeforeDistributeOnWorkersAndAfterLocally) {
   StartService(2);
-  Dataset ds = Dataset::Range(5).Map(x * x).Distribute(Options()).Map(x + 1);
+  Dataset ds = Dataset::Range(5).Map(x * x).Apply(Distribute(Options())).Map(x + 1);
   ASSERT_OK(ds.status());
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] { return CollectScalars<int64_t>(ds); }));
   EXPECT_THAT(v, UnorderedElementsAreArray({1, 1, 2, 2, 5, 5, 10, 10, 17, 17}));
@@ -166,15 +166,16 @@ TEST_P(ServiceTest, SeedExampleRunsBeforeDistributeOnWorkersAndAfterLocally) {
 
 TEST_P(ServiceTest, ParallelEpochsEveryWorkerProducesTheWholeDataset) {
   StartService(3);
-  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(3).Distribute(Options()));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto v, WithHangGuard([&] {
+        return CollectScalars<int64_t>(Dataset::Range(3).Apply(Distribute(Options())));
+      }));
   EXPECT_THAT(v, UnorderedElementsAreArray({0, 0, 0, 1, 1, 1, 2, 2, 2}));
 }
 
 TEST_P(ServiceTest, EachMakeIteratorIsANewIteration) {
   StartService(1);
-  Dataset ds = Dataset::Range(4).Distribute(Options("epochs"));
+  Dataset ds = Dataset::Range(4).Apply(Distribute(Options("epochs")));
   for (int epoch = 0; epoch < 3; ++epoch) {
     ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] { return CollectScalars<int64_t>(ds); }));
     EXPECT_THAT(v, UnorderedElementsAreArray({0, 1, 2, 3})) << "epoch " << epoch;
@@ -182,7 +183,7 @@ TEST_P(ServiceTest, EachMakeIteratorIsANewIteration) {
   // Repeat after Distribute re-creates the service iterator every epoch.
   ASSERT_OK_AND_ASSIGN(auto r, WithHangGuard([&] {
                          return CollectScalars<int64_t>(
-                             Dataset::Range(2).Distribute(Options()).Repeat(3));
+                             Dataset::Range(2).Apply(Distribute(Options())).Repeat(3));
                        }));
   EXPECT_THAT(r, UnorderedElementsAreArray({0, 0, 0, 1, 1, 1}));
 }
@@ -196,7 +197,7 @@ TEST_P(ServiceTest, SharedJobNameSplitsEachIterationBetweenConsumers) {
   for (int c = 0; c < kConsumers; ++c) {
     threads.emplace_back([&, c] {
       // Each consumer builds its own dataset, as separate trainers would.
-      Dataset ds = Dataset::Range(kN).Distribute(Options("shared"));
+      Dataset ds = Dataset::Range(kN).Apply(Distribute(Options("shared")));
       for (int i = 0; i < kIterations; ++i) {
         auto v = CollectScalars<int64_t>(ds);
         if (!v.ok()) {
@@ -245,7 +246,7 @@ TEST_P(ServiceTest, SharedJobConsumersStartingTogetherBothGetElementsEveryIterat
     std::vector<std::thread> consumers;
     for (int c = 0; c < 2; ++c) {
       consumers.emplace_back([&, c] {
-        Dataset ds = Dataset::Range(10).Distribute(Options("together"));
+        Dataset ds = Dataset::Range(10).Apply(Distribute(Options("together")));
         for (int i = 0; i < kIterations; ++i) {
           auto it = ds.MakeIterator();
           if (!it.ok()) ADD_FAILURE() << it.status();
@@ -294,8 +295,8 @@ TEST_P(ServiceTest, SharedJobConsumersReadingInTurnEachGetAFairShare) {
   constexpr int64_t kN = 400;
   // Each consumer builds its own dataset, as separate trainers would; the
   // k-th iterators of the two read the job's k-th iteration.
-  Dataset a = Dataset::Range(kN).Distribute(Options("turns"));
-  Dataset b = Dataset::Range(kN).Distribute(Options("turns"));
+  Dataset a = Dataset::Range(kN).Apply(Distribute(Options("turns")));
+  Dataset b = Dataset::Range(kN).Apply(Distribute(Options("turns")));
   for (int iteration = 0; iteration < 2; ++iteration) {
     SCOPED_TRACE(iteration);
     ASSERT_OK_AND_ASSIGN(auto ia, a.MakeIterator());
@@ -332,13 +333,15 @@ TEST_P(ServiceTest, SharedJobConsumersReadingInTurnEachGetAFairShare) {
 
 TEST_P(ServiceTest, ReadToTheEndJobNameYieldsEndOfInputToANewcomer) {
   StartService(1);
-  ASSERT_OK_AND_ASSIGN(auto first, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(5).Distribute(Options("done")));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto first, WithHangGuard([&] {
+        return CollectScalars<int64_t>(Dataset::Range(5).Apply(Distribute(Options("done"))));
+      }));
   EXPECT_EQ(first.size(), 5u);
-  ASSERT_OK_AND_ASSIGN(auto late, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(5).Distribute(Options("done")));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto late, WithHangGuard([&] {
+        return CollectScalars<int64_t>(Dataset::Range(5).Apply(Distribute(Options("done"))));
+      }));
   EXPECT_TRUE(late.empty());
 }
 
@@ -350,7 +353,7 @@ TEST_P(ServiceTest, RepeatGoesOnPastSharedJobIterationsAlreadyFinished) {
   StartService(1);
   ASSERT_OK_AND_ASSIGN(auto first, WithHangGuard([&] {
                          return CollectScalars<int64_t>(
-                             Dataset::Range(10).Distribute(Options("late")).Repeat(2));
+                             Dataset::Range(10).Apply(Distribute(Options("late"))).Repeat(2));
                        }));
   EXPECT_EQ(first.size(), 20u);
   std::vector<int64_t> expected;
@@ -360,28 +363,30 @@ TEST_P(ServiceTest, RepeatGoesOnPastSharedJobIterationsAlreadyFinished) {
   // Repetitions 0 and 1 are empty, 2..4 whole: 30 elements.
   ASSERT_OK_AND_ASSIGN(auto late, WithHangGuard([&] {
                          return CollectScalars<int64_t>(
-                             Dataset::Range(10).Distribute(Options("late")).Repeat(5));
+                             Dataset::Range(10).Apply(Distribute(Options("late"))).Repeat(5));
                        }));
   EXPECT_THAT(late, UnorderedElementsAreArray(expected));
   // Forever: iterations 0..4 are finished now; 5..7 give the 30.
-  ASSERT_OK_AND_ASSIGN(auto forever, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(
-                             Dataset::Range(10).Distribute(Options("late")).Repeat().Take(30));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto forever, WithHangGuard([&] {
+        return CollectScalars<int64_t>(
+            Dataset::Range(10).Apply(Distribute(Options("late"))).Repeat().Take(30));
+      }));
   EXPECT_THAT(forever, UnorderedElementsAreArray(expected));
 }
 
 TEST_P(ServiceTest, SameJobNameWithDifferentDatasetIsInvalidArgument) {
   StartService(1);
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(5).Distribute(Options("train")).MakeIterator());
-  EXPECT_STATUS(Dataset::Range(6).Distribute(Options("train")).MakeIterator(),
+  ASSERT_OK_AND_ASSIGN(auto it,
+                       Dataset::Range(5).Apply(Distribute(Options("train"))).MakeIterator());
+  EXPECT_STATUS(Dataset::Range(6).Apply(Distribute(Options("train"))).MakeIterator(),
                 absl::StatusCode::kInvalidArgument, "job 'train' exists for dataset");
 }
 
 TEST_P(ServiceTest, WithoutJobNameEachIteratorIsAPrivateJob) {
   StartService(1);
-  Dataset a = Dataset::Range(50).Distribute(Options());
-  Dataset b = Dataset::Range(50).Distribute(Options());
+  Dataset a = Dataset::Range(50).Apply(Distribute(Options()));
+  Dataset b = Dataset::Range(50).Apply(Distribute(Options()));
   auto [va, vb] = WithHangGuard([&] {
     return std::make_pair(CollectScalars<int64_t>(a), CollectScalars<int64_t>(b));
   });
@@ -394,7 +399,7 @@ TEST_P(ServiceTest, WithoutJobNameEachIteratorIsAPrivateJob) {
 TEST_P(ServiceTest, WorkerJoiningMidJobGetsATaskForTheRunningIteration) {
   StartService(1);
   constexpr int64_t kN = 10000;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(Options()).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(Options())).MakeIterator());
   std::vector<int64_t> got;
   ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 100, &got));
   StartWorkers(1);
@@ -413,9 +418,11 @@ TEST_P(ServiceTest, ParallelMapOnAWorkerKeepsItsOrder) {
   EXPECT_EQ(ThreadPoolSize(), 3);
   std::vector<int64_t> squares;
   for (int64_t i = 0; i < 300; ++i) squares.push_back(i * i);
-  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-    return CollectScalars<int64_t>(Dataset::Range(300).Map(x * x, kAutotune).Distribute(Options()));
-  }));
+  ASSERT_OK_AND_ASSIGN(
+      auto v, WithHangGuard([&] {
+        return CollectScalars<int64_t>(
+            Dataset::Range(300).Map(x * x, kAutotune).Apply(Distribute(Options())));
+      }));
   EXPECT_THAT(v, ElementsAreArray(squares));
   WorkerConfig bad;
   bad.dispatcher_address = dispatcher_->address();
@@ -436,7 +443,7 @@ TEST_P(ServiceTest, TargetWorkersLocalReadsOnlyTheWorkersOnThisHost) {
   std::vector<int64_t> range10(10);
   std::iota(range10.begin(), range10.end(), 0);
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-    return CollectScalars<int64_t>(Dataset::Range(10).Distribute(local));
+    return CollectScalars<int64_t>(Dataset::Range(10).Apply(Distribute(local)));
   }));
   EXPECT_THAT(v, ElementsAreArray(range10));  // one worker's, in its order
   EXPECT_EQ(workers_[1]->num_tasks() + workers_[2]->num_tasks(), 0);
@@ -444,7 +451,7 @@ TEST_P(ServiceTest, TargetWorkersLocalReadsOnlyTheWorkersOnThisHost) {
     DistributeOptions o = Options();
     o.target_workers = any;
     ASSERT_OK_AND_ASSIGN(auto all, WithHangGuard([&] {
-      return CollectScalars<int64_t>(Dataset::Range(10).Distribute(o));
+      return CollectScalars<int64_t>(Dataset::Range(10).Apply(Distribute(o)));
     }));
     EXPECT_EQ(all.size(), 30u) << any;
   }
@@ -452,7 +459,7 @@ TEST_P(ServiceTest, TargetWorkersLocalReadsOnlyTheWorkersOnThisHost) {
   // (no remote task takes a split that no consumer would read).
   local.processing_mode = "distributed_epoch";
   ASSERT_OK_AND_ASSIGN(auto once, WithHangGuard([&] {
-    return CollectScalars<int64_t>(Dataset::Range(100).Distribute(local));
+    return CollectScalars<int64_t>(Dataset::Range(100).Apply(Distribute(local)));
   }));
   std::sort(once.begin(), once.end());
   std::vector<int64_t> range100(100);
@@ -461,14 +468,14 @@ TEST_P(ServiceTest, TargetWorkersLocalReadsOnlyTheWorkersOnThisHost) {
   // A job's consumers all use the same target_workers.
   local.processing_mode = "parallel_epochs";
   local.job_name = "local-job";
-  ASSERT_OK_AND_ASSIGN(auto first, Dataset::Range(10).Distribute(local).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto first, Dataset::Range(10).Apply(Distribute(local)).MakeIterator());
   DistributeOptions other = local;
   other.target_workers = "ANY";
-  EXPECT_STATUS(Dataset::Range(10).Distribute(other).MakeIterator(),
+  EXPECT_STATUS(Dataset::Range(10).Apply(Distribute(other)).MakeIterator(),
                 absl::StatusCode::kInvalidArgument,
                 "job 'local-job' exists with target_workers=LOCAL; requested ANY");
   other.target_workers = "nearby";
-  EXPECT_STATUS(Dataset::Range(10).Distribute(other).MakeIterator(),
+  EXPECT_STATUS(Dataset::Range(10).Apply(Distribute(other)).MakeIterator(),
                 absl::StatusCode::kInvalidArgument, "unknown target_workers 'nearby'");
 }
 
@@ -477,7 +484,7 @@ TEST_P(ServiceTest, TargetWorkersLocalWithoutAWorkerOnThisHostIsInvalidArgument)
   StartWorkers(1, "another-host");
   DistributeOptions local = Options();
   local.target_workers = "LOCAL";
-  EXPECT_STATUS(Dataset::Range(10).Distribute(local).MakeIterator(),
+  EXPECT_STATUS(Dataset::Range(10).Apply(Distribute(local)).MakeIterator(),
                 absl::StatusCode::kInvalidArgument,
                 "but no worker is registered from it (workers' hosts: [another-host])");
 }
@@ -487,7 +494,7 @@ TEST_P(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
   DistributeOptions o = Options();
   o.max_outstanding_requests = 2;
   int64_t before = GetDataServiceStats().elements_received;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1000).Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1000).Apply(Distribute(o)).MakeIterator());
   for (int i = 0; i < 5; ++i) ASSERT_OK(it->Next());
   // Give the fetchers every chance to overrun; the bound must still hold.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -503,9 +510,10 @@ TEST_P(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
 TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
   StartService(1);
   TransportStats before = GetTransportStats();
-  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(5000).Distribute(Options()));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto v, WithHangGuard([&] {
+        return CollectScalars<int64_t>(Dataset::Range(5000).Apply(Distribute(Options())));
+      }));
   // Concurrent replies may complete in any order; each element comes once.
   std::sort(v.begin(), v.end());
   ASSERT_EQ(v.size(), 5000u);
@@ -532,13 +540,13 @@ std::vector<int64_t> DrainScalars(Iterator& it) {
 TEST_P(ServiceTest, OneWorkersElementsArriveInTheOrderItProducedThem) {
   StartService(1);
   for (int pass = 0; pass < 5; ++pass) {
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10).Distribute(Options()).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10).Apply(Distribute(Options())).MakeIterator());
     ASSERT_EQ(DrainScalars(*it), Iota(10)) << "pass " << pass;
   }
   DistributeOptions o = Options();
   o.max_outstanding_requests = 8;
   for (int pass = 0; pass < 3; ++pass) {
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(200).Distribute(o).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(200).Apply(Distribute(o)).MakeIterator());
     ASSERT_EQ(DrainScalars(*it), Iota(200)) << "pass " << pass;
   }
   // 300 KiB elements travel one per reply on every path, so eight replies
@@ -546,13 +554,13 @@ TEST_P(ServiceTest, OneWorkersElementsArriveInTheOrderItProducedThem) {
   Element big = {Tensor::FromVector(std::vector<uint8_t>(300 << 10, 7))};
   Dataset bigs = Dataset::Zip({Dataset::Range(60), Dataset::FromTensors({big}).Repeat()});
   for (int pass = 0; pass < 3; ++pass) {
-    ASSERT_OK_AND_ASSIGN(auto it, bigs.Distribute(o).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, bigs.Apply(Distribute(o)).MakeIterator());
     ASSERT_EQ(DrainScalars(*it), Iota(60)) << "pass " << pass;
   }
   // distributed_epoch on one worker: its splits come in order, so does
   // its output.
   o.processing_mode = "distributed_epoch";
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(200).Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(200).Apply(Distribute(o)).MakeIterator());
   ASSERT_EQ(DrainScalars(*it), Iota(200));
 }
 
@@ -568,7 +576,7 @@ TEST_P(ServiceTest, OneOutstandingRequestDoesNotStallBetweenElements) {
     DistributeOptions o = Options();
     o.max_outstanding_requests = outstanding;
     SLUICE_ASSIGN_OR_RETURN(
-        auto it, Dataset::FromTensors({big}).Repeat(61).Distribute(o).MakeIterator());
+        auto it, Dataset::FromTensors({big}).Repeat(61).Apply(Distribute(o)).MakeIterator());
     SLUICE_RETURN_IF_ERROR(it->Next().status());  // the iteration has started
     absl::Time start = absl::Now();
     for (int i = 0; i < 60; ++i) SLUICE_RETURN_IF_ERROR(it->Next().status());
@@ -593,7 +601,7 @@ TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
   TransportStats before = GetTransportStats();
   for (const Element& e : {tuple, huge}) {
     ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
-                           return Collect(Dataset::FromTensors({e}).Distribute(Options()));
+                           return Collect(Dataset::FromTensors({e}).Apply(Distribute(Options())));
                          }));
     ASSERT_EQ(out.size(), 1u);
     EXPECT_TRUE(ElementsEqual(out[0], e));
@@ -620,7 +628,7 @@ TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
 TEST_P(ServiceTest, RuntimeErrorOnTheWorkerReachesTheClient) {
   StartService(1);
   EXPECT_STATUS(WithHangGuard([&] {
-                  return Collect(Dataset::Range(10).Map(x / (x - 3)).Distribute(Options()));
+                  return Collect(Dataset::Range(10).Map(x / (x - 3)).Apply(Distribute(Options())));
                 }),
                 absl::StatusCode::kInvalidArgument, "division by zero");
 }
@@ -647,8 +655,9 @@ TEST_P(ServiceTest, UnreachableServiceIsUnavailableWithinTheTimeout) {
   DistributeOptions o;
   o.service = target;
   o.dispatcher_timeout_ms = 500;
-  EXPECT_STATUS(WithHangGuard([&] { return Dataset::Range(3).Distribute(o).MakeIterator(); }),
-                absl::StatusCode::kUnavailable, "cannot reach the sluice dispatcher");
+  EXPECT_STATUS(
+      WithHangGuard([&] { return Dataset::Range(3).Apply(Distribute(o)).MakeIterator(); }),
+      absl::StatusCode::kUnavailable, "cannot reach the sluice dispatcher");
   WorkerConfig wc;
   wc.dispatcher_address = dispatcher_->address();
   wc.dispatcher_timeout_ms = 500;
@@ -660,40 +669,42 @@ TEST_P(ServiceTest, BadOptionsAreInvalidArgument) {
   StartService(1);
   DistributeOptions o = Options();
   o.processing_mode = "sideways";
-  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+  EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(), absl::StatusCode::kInvalidArgument,
                 "unknown processing_mode 'sideways'");
   o = Options();
   o.service = "grpc://no-port-here";
-  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+  EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(), absl::StatusCode::kInvalidArgument,
                 "malformed service address");
   o = Options();
   o.max_outstanding_requests = 0;
-  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+  EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(), absl::StatusCode::kInvalidArgument,
                 "max_outstanding_requests must be > 0");
   o = Options();
   o.data_transfer_protocol = "carrier-pigeon";
-  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+  EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(), absl::StatusCode::kInvalidArgument,
                 "unknown data_transfer_protocol");
   o = Options();
   o.cuda_pinned = "sometimes";
-  EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+  EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(), absl::StatusCode::kInvalidArgument,
                 "cuda_pinned must be auto, on or off");
   o = Options();
   o.cuda_pinned = "on";
   if (GetParam() == "grpc") {
-    EXPECT_STATUS(Dataset::Range(3).Distribute(o).status(), absl::StatusCode::kInvalidArgument,
+    EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(),
+                  absl::StatusCode::kInvalidArgument,
                   "cuda_pinned=on needs a data plane with receive arenas");
   } else if (!internal::UsableCudaRuntime().ok()) {
     // No GPU here: "on" cannot be honoured; "auto" goes on unpinned.
-    EXPECT_STATUS(Dataset::Range(3).Distribute(o).MakeIterator(),
+    EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).MakeIterator(),
                   absl::StatusCode::kFailedPrecondition, "Distribute: cuda_pinned=on: ");
     o.cuda_pinned = "auto";
-    ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(Dataset::Range(3).Distribute(o)));
+    ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(Dataset::Range(3).Apply(Distribute(o))));
     EXPECT_THAT(v, UnorderedElementsAreArray({0, 1, 2}));
     EXPECT_EQ(GetTransportStats().receive_pool_cuda_pinned_bytes, 0);
   }
-  EXPECT_STATUS(Dataset::Range(3).Distribute(Options()).Distribute(Options()).status(),
-                absl::StatusCode::kInvalidArgument, "already contains a Distribute");
+  EXPECT_STATUS(
+      Dataset::Range(3).Apply(Distribute(Options())).Apply(Distribute(Options())).status(),
+      absl::StatusCode::kInvalidArgument, "already contains a Distribute");
   WorkerConfig wc;
   wc.dispatcher_address = "not an address";
   EXPECT_STATUS(WorkerServer::Start(wc), absl::StatusCode::kInvalidArgument,
@@ -708,7 +719,7 @@ TEST_P(ServiceTest, BadOptionsAreInvalidArgument) {
   if (GetParam() == "ucx") {
     o = Options();
     o.numa_node = "99";
-    EXPECT_STATUS(Dataset::Range(3).Distribute(o).MakeIterator(),
+    EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).MakeIterator(),
                   absl::StatusCode::kInvalidArgument, "NUMA node 99 does not exist");
   }
 }
@@ -719,10 +730,10 @@ TEST_P(ServiceTest, RegisterDatasetAndFromDatasetId) {
   ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(dispatcher_->target(), ds));
   ASSERT_OK_AND_ASSIGN(std::string again, RegisterDataset(dispatcher_->target(), ds));
   EXPECT_EQ(id, again);
-  Dataset remote = Dataset::FromDatasetId("parallel_epochs", dispatcher_->target(), id, Options());
+  Dataset remote = FromDatasetId("parallel_epochs", dispatcher_->target(), id, Options());
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] { return CollectScalars<int64_t>(remote.Map(x + 1)); }));
   EXPECT_THAT(v, UnorderedElementsAreArray({1, 1, 4, 4, 7, 7, 10, 10}));
-  EXPECT_STATUS(Collect(Dataset::FromDatasetId("parallel_epochs", dispatcher_->target(),
+  EXPECT_STATUS(Collect(FromDatasetId("parallel_epochs", dispatcher_->target(),
                                                 "ds-nonexistent", Options())),
                 absl::StatusCode::kNotFound, "is not registered");
   // An id the caller chose (tf.data's register_dataset(dataset_id=...)).
@@ -732,7 +743,7 @@ TEST_P(ServiceTest, RegisterDatasetAndFromDatasetId) {
   EXPECT_EQ(named, "times-three");
   ASSERT_OK_AND_ASSIGN(auto w, WithHangGuard([&] {
     return CollectScalars<int64_t>(
-        Dataset::FromDatasetId("parallel_epochs", dispatcher_->target(), "times-three", Options()));
+        FromDatasetId("parallel_epochs", dispatcher_->target(), "times-three", Options()));
   }));
   EXPECT_THAT(w, UnorderedElementsAreArray({0, 0, 3, 3, 6, 6, 9, 9}));
   EXPECT_STATUS(RegisterDataset(Dataset::Range(5), o, "times-three").status(),
@@ -743,7 +754,8 @@ TEST_P(ServiceTest, DestroyingTheIteratorReleasesItsIterationClient) {
   StartService(1);
   int64_t released = GetDataServiceStats().iterations_released;
   {
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1000000).Distribute(Options()).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it,
+                         Dataset::Range(1000000).Apply(Distribute(Options())).MakeIterator());
     ASSERT_OK(it->Next());
   }  // destroyed mid-stream
   EXPECT_EQ(GetDataServiceStats().iterations_released, released + 1);
@@ -755,7 +767,7 @@ TEST_P(ServiceTest, LostWorkerDoesNotHangTheClientAndIsCounted) {
   StartService(2, dc);
   constexpr int64_t kN = 30000;
   int64_t lost_before = GetDataServiceStats().lost_tasks;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(Options()).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(Options())).MakeIterator());
   std::vector<int64_t> got;
   for (int i = 0; i < 50; ++i) {
     auto e = it->Next();
@@ -781,7 +793,7 @@ TEST_P(ServiceTest, WorkerRestartedGracefullyOnTheSamePortServesTheRest) {
   constexpr int64_t kN = 5000;  // more than a worker hands out ahead
   DistributeOptions opt = Options();
   opt.max_outstanding_requests = 1;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(opt).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(opt)).MakeIterator());
   std::vector<int64_t> before;
   TakeScalars(*it, kN / 10, &before);
   const int port = workers_[0]->port();
@@ -806,7 +818,7 @@ TEST_P(ServiceTest, WorkerTaskThreadsArePinnedAsConfigured) {
   StartService(1);
   ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
                          return Collect(Dataset::Range(1).Map(Udf("test_thread_cpus"))
-                                            .Distribute(Options()));
+                                            .Apply(Distribute(Options())));
                        }));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0][0].at<int64_t>(0), 1);  // one cpu ...
@@ -815,7 +827,8 @@ TEST_P(ServiceTest, WorkerTaskThreadsArePinnedAsConfigured) {
 
 TEST_P(ServiceTest, StopReturnsWhileClientsAreMidStream) {
   StartService(2);
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10000000).Distribute(Options()).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it,
+                       Dataset::Range(10000000).Apply(Distribute(Options())).MakeIterator());
   ASSERT_OK(it->Next());
   auto start = std::chrono::steady_clock::now();
   WithHangGuard([&] {
@@ -841,20 +854,21 @@ TEST_P(ServiceTest, DistributedEpochDeliversEachElementExactlyOnce) {
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(100).Distribute(o));
+                         return CollectScalars<int64_t>(Dataset::Range(100).Apply(Distribute(o)));
                        }));
   EXPECT_THAT(v, UnorderedElementsAreArray(Iota(100)));
   // Split-tracked elements may travel in batches: a split completes only
   // once the client acknowledged its elements.
   ASSERT_OK_AND_ASSIGN(auto many, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(2000).Distribute(o));
+                         return CollectScalars<int64_t>(Dataset::Range(2000).Apply(Distribute(o)));
                        }));
   EXPECT_THAT(many, UnorderedElementsAreArray(Iota(2000)));
   // Map/Filter before Distribute run on the workers, over their splits.
-  ASSERT_OK_AND_ASSIGN(auto odd, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(
-                             Dataset::Range(50).Filter(x % 2 == 1).Map(x * 10).Distribute(o));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto odd, WithHangGuard([&] {
+        return CollectScalars<int64_t>(
+            Dataset::Range(50).Filter(x % 2 == 1).Map(x * 10).Apply(Distribute(o)));
+      }));
   std::vector<int64_t> want_odd;
   for (int i = 1; i < 50; i += 2) want_odd.push_back(i * 10);
   EXPECT_THAT(odd, UnorderedElementsAreArray(want_odd));
@@ -887,7 +901,7 @@ TEST_P(ServiceTest, DistributedEpochOneOutstandingRequestKeepsUpWithTheWorkers) 
       o.max_outstanding_requests = outstanding;
       absl::Time start = absl::Now();
       SLUICE_ASSIGN_OR_RETURN(auto v, WithHangGuard([&] {
-                                return CollectScalars<int64_t>(ds.Distribute(o));
+                                return CollectScalars<int64_t>(ds.Apply(Distribute(o)));
                               }));
       absl::Duration took = absl::Now() - start;
       EXPECT_THAT(v, UnorderedElementsAreArray(Iota(100)));
@@ -910,9 +924,10 @@ TEST_P(ServiceTest, DistributedEpochWithRepeatOnTheWorkersGivesEveryEpoch) {
   StartService(3, SmallSplits(4));
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
-  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(Dataset::Range(10).Repeat(3).Distribute(o));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto v, WithHangGuard([&] {
+        return CollectScalars<int64_t>(Dataset::Range(10).Repeat(3).Apply(Distribute(o)));
+      }));
   auto counts = Counts(v);
   ASSERT_EQ(counts.size(), 10u);
   for (auto [value, n] : counts) EXPECT_EQ(n, 3) << "value " << value;
@@ -924,7 +939,7 @@ TEST_P(ServiceTest, DistributedEpochUntrackedPipelineAndFileSplits) {
   o.processing_mode = "distributed_epoch";
   // Batch mixes splits: elements are untracked, still each produced once.
   ASSERT_OK_AND_ASSIGN(auto batches, WithHangGuard([&] {
-                         return Collect(Dataset::Range(20).Batch(4).Distribute(o));
+                         return Collect(Dataset::Range(20).Batch(4).Apply(Distribute(o)));
                        }));
   std::vector<int64_t> got;
   for (const Element& b : batches) {
@@ -943,7 +958,7 @@ TEST_P(ServiceTest, DistributedEpochUntrackedPipelineAndFileSplits) {
     files.push_back(path);
   }
   ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
-                         return Collect(Dataset::ReadRecords(files).Distribute(o));
+                         return Collect(Dataset::ReadRecords(files).Apply(Distribute(o)));
                        }));
   std::vector<std::string> got_records;
   for (const Element& e : out) got_records.push_back(std::string(e[0].str(0)));
@@ -984,11 +999,13 @@ TEST_P(ServiceTest, SeededAugmentationIsTheSameWhateverTheNumberOfWorkers) {
   StartService(1);
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
-  ASSERT_OK_AND_ASSIGN(auto one, WithHangGuard([&] { return Collect(pipeline.Distribute(o)); }));
+  ASSERT_OK_AND_ASSIGN(auto one,
+                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
   EXPECT_EQ(one.size(), 12u);
   EXPECT_EQ(by_path(one), want);
   StartWorkers(2);
-  ASSERT_OK_AND_ASSIGN(auto three, WithHangGuard([&] { return Collect(pipeline.Distribute(o)); }));
+  ASSERT_OK_AND_ASSIGN(auto three,
+                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
   EXPECT_EQ(three.size(), 12u);
   EXPECT_EQ(by_path(three), want);
 }
@@ -998,7 +1015,7 @@ TEST_P(ServiceTest, DistributedEpochWorkerAddedMidEpochTakesSplits) {
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
   constexpr int64_t kN = 400;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(o)).MakeIterator());
   std::vector<int64_t> got;
   ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 20, &got));
   StartWorkers(1);
@@ -1014,7 +1031,7 @@ TEST_P(ServiceTest, DistributedEpochRepeatForeverKeepsArrivingWhenFourOfFiveWork
   StartService(5, dc);
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1).Repeat().Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1).Repeat().Apply(Distribute(o)).MakeIterator());
   auto take = [&](int n) {
     return WithHangGuard([&] {
       for (int i = 0; i < n; ++i) {
@@ -1039,10 +1056,10 @@ TEST_P(ServiceTest, DistributedEpochImbalancedWorkersShareByTheirSpeed) {
   StartWorkers(1);  // slow: 5 ms per element
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
-  ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
-                         return Collect(
-                             Dataset::Range(400).Map(Udf("test_slow_on_cpu1")).Distribute(o));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      auto out, WithHangGuard([&] {
+        return Collect(Dataset::Range(400).Map(Udf("test_slow_on_cpu1")).Apply(Distribute(o)));
+      }));
   std::vector<int64_t> values;
   int64_t by_fast = 0, by_slow = 0;
   for (const Element& e : out) {
@@ -1065,7 +1082,7 @@ TEST_P(ServiceTest, DistributedEpochLostWorkersSplitsAreReassignedAndDeduplicate
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
   constexpr int64_t kN = 2000;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(o)).MakeIterator());
   std::vector<int64_t> got;
   ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 30, &got));
   workers_[1]->Stop();  // its open splits must be produced by worker 0
@@ -1098,7 +1115,7 @@ TEST_P(ServiceTest, DataShardingWorkerAtShardOneReadsEveryFifthElement) {
   // this shard's 20 elements.
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
                          return CollectScalars<int64_t>(
-                             Dataset::Range(100).Distribute(o).Take(20));
+                             Dataset::Range(100).Apply(Distribute(o)).Take(20));
                        }));
   EXPECT_THAT(v, UnorderedElementsAreArray(want));
   // hint: the pipeline says where to shard.
@@ -1107,7 +1124,7 @@ TEST_P(ServiceTest, DataShardingWorkerAtShardOneReadsEveryFifthElement) {
                          return CollectScalars<int64_t>(Dataset::Range(100)
                                                             .Shard(kShardHint, kShardHint)
                                                             .Map(x * 10)
-                                                            .Distribute(o)
+                                                            .Apply(Distribute(o))
                                                             .Take(20));
                        }));
   for (int64_t& w : want) w *= 10;
@@ -1123,7 +1140,7 @@ TEST_P(ServiceTest, DataShardingOverFiveWorkersDeliversEachElementOnceInEachWork
   o.max_outstanding_requests = 8;
   constexpr int64_t kN = 500;
   for (int pass = 0; pass < 2; ++pass) {
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(o)).MakeIterator());
     std::vector<int64_t> v = DrainScalars(*it);
     ASSERT_THAT(v, UnorderedElementsAreArray(Iota(kN)));
     // Worker i reads the values v with v % 5 == i; across workers the
@@ -1152,7 +1169,7 @@ TEST_P(ServiceTest, DataShardingDeliversAWorkersShardInItsOrder) {
   o.max_outstanding_requests = 8;
   for (int pass = 0; pass < 5; ++pass) {
     // The other shards have no worker: read this one's four elements.
-    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(20).Distribute(o).Take(4).MakeIterator());
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(20).Apply(Distribute(o)).Take(4).MakeIterator());
     ASSERT_EQ(DrainScalars(*it), std::vector<int64_t>({1, 6, 11, 16})) << "pass " << pass;
   }
 }
@@ -1170,14 +1187,14 @@ TEST_P(ServiceTest, FileShardingReadsOnlyTheWorkersFiles) {
   o.processing_mode = "file";
   Dataset files = Dataset::ReadRecords(Dataset::ListFiles(dir.File("part-*")));
   ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
-                         return Collect(files.Distribute(o).Take(4));
+                         return Collect(files.Apply(Distribute(o)).Take(4));
                        }));
   std::vector<std::string> got;
   for (const Element& e : out) got.push_back(std::string(e[0].str(0)));
   EXPECT_THAT(got, UnorderedElementsAreArray(mine));
   // Fewer files than workers: a clear error, not a hang or a short epoch.
   Dataset three = Dataset::ReadRecords(Dataset::ListFiles(dir.File("part-0[012]")));
-  EXPECT_STATUS(WithHangGuard([&] { return Collect(three.Distribute(o)); }),
+  EXPECT_STATUS(WithHangGuard([&] { return Collect(three.Apply(Distribute(o))); }),
                 absl::StatusCode::kInvalidArgument, "3 file(s) for 5 workers");
   // Static sharding needs worker_addresses.
   TearDown();
@@ -1185,7 +1202,7 @@ TEST_P(ServiceTest, FileShardingReadsOnlyTheWorkersFiles) {
   StartService(1);
   o = Options();
   o.processing_mode = "data";
-  EXPECT_STATUS(WithHangGuard([&] { return Collect(Dataset::Range(3).Distribute(o)); }),
+  EXPECT_STATUS(WithHangGuard([&] { return Collect(Dataset::Range(3).Apply(Distribute(o))); }),
                 absl::StatusCode::kFailedPrecondition, "worker_addresses");
 }
 
@@ -1198,7 +1215,7 @@ TEST_P(ServiceTest, StaticShardOfALostWorkerIsReadAgainByTheWorkerTakingItsPlace
   DistributeOptions o = Options();
   o.processing_mode = "data";
   constexpr int64_t kN = 2000;
-  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Distribute(o).MakeIterator());
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(kN).Apply(Distribute(o)).MakeIterator());
   std::vector<int64_t> got;
   ASSERT_NO_FATAL_FAILURE(TakeScalars(*it, 30, &got));
   workers_[1]->Stop();
@@ -1252,7 +1269,7 @@ std::vector<std::vector<int64_t>> ReadCoordinated(const DistributeOptions& base,
       o.job_name = "sync" + std::to_string(consumers);
       o.num_consumers = consumers;
       o.consumer_index = c;
-      auto it = Dataset::Range(values).Repeat().Distribute(o).MakeIterator();
+      auto it = Dataset::Range(values).Repeat().Apply(Distribute(o)).MakeIterator();
       ASSERT_OK(it);
       for (int r = 0; r < rounds; ++r) {
         auto e = (*it)->Next();
@@ -1345,17 +1362,17 @@ TEST_P(ServiceTest, CoordinatedReadsNeedAJobNameAndAnInfiniteDataset) {
   DistributeOptions o = Options("sync");
   o.num_consumers = 2;
   o.consumer_index = 0;
-  EXPECT_STATUS(WithHangGuard([&] { return Collect(Dataset::Range(10).Distribute(o)); }),
+  EXPECT_STATUS(WithHangGuard([&] { return Collect(Dataset::Range(10).Apply(Distribute(o))); }),
                 absl::StatusCode::kInvalidArgument, "need an infinite dataset");
   o.job_name = "";
-  EXPECT_STATUS(Dataset::Range(10).Repeat().Distribute(o).status(),
+  EXPECT_STATUS(Dataset::Range(10).Repeat().Apply(Distribute(o)).status(),
                 absl::StatusCode::kInvalidArgument, "need a job_name");
   o.job_name = "sync";
   o.consumer_index = 2;
-  EXPECT_STATUS(Dataset::Range(10).Repeat().Distribute(o).status(),
+  EXPECT_STATUS(Dataset::Range(10).Repeat().Apply(Distribute(o)).status(),
                 absl::StatusCode::kInvalidArgument, "consumer_index in [0, num_consumers)");
   o.consumer_index.reset();
-  EXPECT_STATUS(Dataset::Range(10).Repeat().Distribute(o).status(),
+  EXPECT_STATUS(Dataset::Range(10).Repeat().Apply(Distribute(o)).status(),
                 absl::StatusCode::kInvalidArgument, "both consumer_index and num_consumers");
 }
 
@@ -1399,7 +1416,7 @@ TEST(TransferProtocolTest, ARegisteredProtocolServesWithoutChangesToTheWorkerOrT
     o.service = dispatcher->target();
     o.data_transfer_protocol = protocol;
     ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                           return CollectScalars<int64_t>(Dataset::Range(20).Distribute(o));
+                           return CollectScalars<int64_t>(Dataset::Range(20).Apply(Distribute(o)));
                          }));
     std::vector<int64_t> want;
     for (int64_t i = 0; i < 20; ++i) want.insert(want.end(), {i, i});

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_logger_mt("sluice_test_client"));
   sluice::InitLoggingFromEnv();
 
-  auto ds = sluice::Dataset::Range(range).Distribute(opt);
+  auto ds = sluice::Dataset::Range(range).Apply(sluice::Distribute(opt));
   auto it = ds.MakeIterator();
   if (!it.ok()) {
     std::fprintf(stderr, "sluice_test_client: %s\n", it.status().ToString().c_str());
