@@ -100,9 +100,12 @@
 #include "absl/time/time.h"
 #include "control/journal.pb.h"
 #include "rpc/service.pb.h"
+#include "sluice/control/coordinated_rounds.h"
+#include "sluice/control/dispatch_server.h"
+#include "sluice/control/dispatcher_state.h"
+#include "sluice/control/iteration_versions.h"
 #include "sluice/control/journal.h"
 #include "sluice/control/long_polls.h"
-#include "sluice/control/dispatch_server.h"
 #include "sluice/dataset/dataset_internal.h"
 #include "sluice/rpc/protocol.h"
 
@@ -239,156 +242,33 @@ class DispatcherImpl {
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct DatasetEntry {
-    std::string id;
-    proto::DatasetDef def;
-    uint64_t fingerprint = 0;
-  };
-  struct Job {
-    int64_t id = 0;
-    std::string dataset_id;
-    proto::ProcessingMode mode = proto::PROCESSING_MODE_UNSPECIFIED;
-    std::string name;
-    int64_t num_consumers = 0;
-    proto::TargetWorkers target_workers = proto::TARGET_WORKERS_AUTO;
-    std::map<int64_t, int64_t> iteration_by_repetition;
-    // distributed_epoch: the split source and whether elements are tagged.
-    proto::DatasetNode split_source;
-    bool split_tracked = false;
-  };
-  // distributed_epoch: one iteration's splits.
-  struct OpenSplit {
-    proto::SplitProto def;
-    int64_t holder_task = 0;  // 0: queued
-  };
-  struct Epoch {
-    std::deque<int64_t> queue;  // open splits to hand out (reassigned ones first)
-    int64_t next_position = 0;  // splits are created lazily from here
-    int64_t open = 0;           // created, not completed
-  };
-  struct SplitProvider {
-    int64_t positions = 0;        // source positions per epoch (files: count)
-    int64_t split_elements = 1;   // positions per split
-    std::vector<std::string> files;  // ListFiles: the matched files, sorted
-    std::map<int64_t, Epoch> epochs;
-    int64_t done_below = 0;       // every epoch below this has completed
-    std::map<int64_t, OpenSplit> open;
-  };
-  struct Iteration {
-    int64_t id = 0;
-    int64_t job_id = 0;
-    int64_t repetition = 0;
-    std::set<int64_t> tasks;
-    std::set<int64_t> clients;
-    bool finished = false;
-    bool collected = false;
-    absl::Status error;
-    absl::Time idle_since;  // when the last client left
-    int64_t version = 0;    // bumped on every change clients can see
-    // ClientHeartbeat answers a known_version at or above this with the
-    // tasks changed since (Task::info_version), a lower one with all.
-    int64_t delta_base = 0;
-    // (info_version, task id) of every change to a task's TaskInfo, so a
-    // delta costs what changed, not the iteration's task count.
-    std::multimap<int64_t, int64_t> task_changes;
-    std::unique_ptr<SplitProvider> splits;  // distributed_epoch only
-    int64_t split_version = 0;              // bumped when splits change (wakes GetSplit)
-    // Coordinated reads. Tasks created after the iteration started join at
-    // target_round: they stay pending (hidden from clients) until every
-    // consumer honours block_round = target_round from a round at or below
-    // it (ready_consumers); then they start at target_round.
-    bool started = false;                          // its first tasks exist
-    std::map<int64_t, int64_t> consumer_rounds;    // consumer_index -> current_round
-    std::map<int64_t, int64_t> consumer_clients;   // consumer_index -> live client id
-    std::vector<int64_t> pending_tasks;
-    int64_t target_round = -1;
-    std::set<int64_t> ready_consumers;
-  };
-  struct Task {
-    int64_t id = 0;
-    int64_t iteration_id = 0;
-    std::string worker;
-    std::string host_id;  // its worker's host
-    bool completed = false;
-    bool lost = false;
-    bool delivered = false;  // the worker received it in a heartbeat reply
-    std::set<int64_t> held_splits;  // distributed_epoch: open splits it holds
-    int64_t shard = -1;             // static sharding: the shard it reads
-    int64_t starting_round = 0;     // coordinated reads
-    bool pending = false;           // coordinated reads: not yet joined
-    int64_t info_version = 0;       // its iteration's version when its TaskInfo last changed
-  };
-  struct Worker {
-    std::string address, transfer_address, protocol;
-    std::string host_id;
-    int64_t index = 0;
-    absl::Time last_heartbeat;
-    std::set<int64_t> tasks;
-    std::vector<proto::TaskDef> pending_new;
-    std::vector<int64_t> pending_delete;
-  };
-  struct Client {
-    int64_t id = 0;
-    int64_t iteration_id = 0;
-    int64_t consumer_index = -1;  // coordinated reads
-    std::string host_id;
-    bool at_end = false;          // read the iteration to its end (journaled)
-    absl::Time last_heartbeat;
-  };
-
-  // Waits until `cond` holds or `timeout` (real time) passes, checking
-  // `cancelled` every kCancelCheckInterval. False when the caller went
-  // away.
-  // The RPCs' bodies; the public methods add AwaitDurable.
-  absl::Status WorkerHeartbeatUnsynced(const proto::WorkerHeartbeatRequest& req,
-                               proto::WorkerHeartbeatResponse* resp,
-                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status WorkerUpdateUnsynced(const proto::WorkerUpdateRequest& req,
-                            proto::WorkerUpdateResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status RegisterDatasetUnsynced(const proto::RegisterDatasetRequest& req,
-                               proto::RegisterDatasetResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetDatasetDefUnsynced(const proto::GetDatasetDefRequest& req,
-                             proto::GetDatasetDefResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetOrCreateJobUnsynced(const proto::GetOrCreateJobRequest& req,
-                              proto::GetOrCreateJobResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetOrCreateIterationUnsynced(const proto::GetOrCreateIterationRequest& req,
-                                    proto::GetOrCreateIterationResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status ClientHeartbeatUnsynced(const proto::ClientHeartbeatRequest& req,
-                               proto::ClientHeartbeatResponse* resp,
-                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status ReleaseIterationClientUnsynced(const proto::ReleaseIterationClientRequest& req,
-                                      proto::ReleaseIterationClientResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetWorkersUnsynced(const proto::GetWorkersRequest& req, proto::GetWorkersResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetDataServiceMetadataUnsynced(const proto::GetDataServiceMetadataRequest& req,
-                                      proto::GetDataServiceMetadataResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetDataServiceConfigUnsynced(const proto::GetDataServiceConfigRequest& req,
-                                    proto::GetDataServiceConfigResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetSplitUnsynced(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp,
-                        const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
-  void TickUnsynced() ABSL_LOCKS_EXCLUDED(mu_);
+  using Job = DispatcherState::Job;
+  using Iteration = DispatcherState::Iteration;
+  using Task = DispatcherState::Task;
+  using Worker = DispatcherState::Worker;
+  using Client = DispatcherState::Client;
 
   // Long polls (control/long_polls.h).
   using PollKey = LongPolls::Key;
+  using PollStep = LongPolls::Step;
+  using PollFn = LongPolls::Fn;
+  using Parked = LongPolls::Parked;
   static PollKey WorkerKey(const std::string& address) { return LongPolls::Worker(address); }
   static PollKey VersionKey(int64_t iteration) { return LongPolls::Version(iteration); }
   static PollKey SplitsKey(int64_t iteration) { return LongPolls::Splits(iteration); }
   // Wakes the polls waiting on `key` (threads, and parked polls through the
   // poll thread). A change that can end a poll's wait must wake its key.
   void WakeLocked(const PollKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every change clients can see bumps the iteration's version, every
-  // change to its splits the split version: these wake their polls.
-  void BumpVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BumpSplitVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  using PollStep = LongPolls::Step;
-  using PollFn = LongPolls::Fn;
-  using Parked = LongPolls::Parked;
+  // A change `iteration`'s clients can see (in which `tasks` changed):
+  // bumps its version (IterationVersions) and wakes its polls.
+  void BumpVersionLocked(int64_t iteration, const std::vector<int64_t>& tasks = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a poll's steps on this thread, waiting between them (the
   // synchronous RPCs, tests).
-  absl::Status RunPollLocked(PollFn& poll, const IsCancelled& cancelled)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RunPoll(absl::StatusOr<PollFn> poll, const IsCancelled& cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone done) ABSL_LOCKS_EXCLUDED(mu_);
   void ParkLocked(int64_t id, Parked parked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<Parked> UnparkLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollThread() ABSL_LOCKS_EXCLUDED(mu_);
   void EnsurePollThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A reply to send once the journal holds every change applied before it
@@ -420,17 +300,18 @@ class DispatcherImpl {
   // addresses are dialable host:port and its protocol is grpc or ucx.
   static absl::Status ValidateRegistration(const proto::WorkerHeartbeatRequest& req);
 
-  // Coordinated reads: joining tasks start this many rounds after the
-  // furthest consumer, so consumers rarely reach the block.
-  static constexpr int64_t kRoundLead = 16;
-  // Coordinated reads: records a consumer's round and moves the joining
-  // tasks of `it` towards their start.
-  void CoordinateLocked(Iteration& it, int64_t consumer_index, int64_t current_round,
+  // Coordinated reads: records a consumer's round (CoordinatedRounds) and
+  // starts the pending tasks of `it` once every consumer agreed.
+  void CoordinateLocked(const Iteration& it, int64_t consumer_index, int64_t current_round,
                         int64_t blocked_round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Applies `rec` and (when a journal is open) queues it for the journal.
   // Unavailable, changing nothing, once the journal has failed.
   absl::Status RecordLocked(const proto::JournalRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies one update to state_ (live or replayed), then brings what is
+  // kept beside it up to date from the update and its Changes: versions
+  // and polls, liveness, tasks to delete, coordinated rounds.
+  absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Group commit. Every RPC ends here, after releasing mu_: it returns
   // `reply` once every change applied so far is durable, or Unavailable
   // if the journal failed (then the dispatcher takes no more changes and
@@ -449,17 +330,16 @@ class DispatcherImpl {
   // Bookkeeping after a snapshot of `records` replaced the journal.
   void CompactedLocked(const std::vector<std::string>& snapshot, uint64_t bytes_before)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplySplitProviderStateLocked(const proto::SplitProviderStateUpdate& u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The state as updates that rebuild it from nothing, in records.
+  // The state as serialized records that rebuild it from nothing.
   std::vector<std::string> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Task creation policy.
+  // A fresh id (ids handed out but not yet applied included).
+  int64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a CreateTask update (a new task id) for worker `address` to `rec`.
   void AddCreateTaskLocked(proto::JournalRecord& rec, int64_t iteration_id, bool pending,
                            const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CreateTaskLocked(const proto::CreateTaskUpdate& u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the worker with `worker_index` should get a task of `it`:
   // always, except under static sharding once another task completed or is
   // reading that worker's shard.
@@ -469,34 +349,10 @@ class DispatcherImpl {
   // TARGET_WORKERS_LOCAL, where it reads the hosts of its clients only.
   bool ReadsHostLocked(const Iteration& it, const std::string& host)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The worker_addresses entry (shard index) a registering worker takes.
-  absl::StatusOr<int64_t> FindShardLocked(const std::string& address)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a worker that joins (or restarts) now gets a task of `it`: not
   // once it was collected, nor once it finished and every client read it
   // to the end (tf.data: late joiners get tasks until then).
   bool AcceptsTasksLocked(const Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishTaskLocked(Task& t, bool lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateFinishedLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveClientLocked(int64_t client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CollectLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveWorkerLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // distributed_epoch helpers.
-  absl::Status PlanSplitProviderLocked(const Job& job, proto::CreateIterationUpdate* u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AssignSplitLocked(const proto::AssignSplitUpdate& u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RequeueSplitsLocked(Iteration& it, Task& t, const std::set<int64_t>& ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CompleteSplitLocked(Iteration& it, Task& t, int64_t split_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseSplitsLocked(Task& t, bool requeue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Decides the next split of `epoch` for task `task_id`: true with *assign
-  // filled in, or false with resp saying the epoch ended or that nothing is
-  // available yet.
-  bool PlanSplitLocked(const Iteration& it, int64_t task_id, int64_t epoch,
-                       proto::GetSplitResponse* resp, proto::AssignSplitUpdate* assign)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DispatcherConfig config_;
   const Clock clock_;
@@ -525,32 +381,27 @@ class DispatcherImpl {
   int64_t records_in_journal_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t records_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The durable state: changed only by ApplyLocked.
+  DispatcherState state_ ABSL_GUARDED_BY(mu_);
+  // Ids handed out; at least state_.next_id() (NewIdLocked).
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_worker_index_ ABSL_GUARDED_BY(mu_) = 0;
-  // Static sharding: the worker address holding each worker_addresses entry
-  // (empty: never claimed). A claim outlives its worker so that a worker
-  // coming back at the same address reads the same shard.
-  std::vector<std::string> shard_claims_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, DatasetEntry> datasets_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> job_by_name_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Iteration> iterations_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Task> tasks_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Client> clients_ ABSL_GUARDED_BY(mu_);
-  Stats stats_ ABSL_GUARDED_BY(mu_);
+  // Beside the state, transient (not journaled, rebuilt after a restart):
+  // liveness -- when each worker and client was last heard from (a
+  // restored one gets a fresh timeout) and since when each iteration has
+  // had no client (a restored one: since the restart);
+  struct Liveness {
+    std::map<std::string, absl::Time> workers;
+    std::map<int64_t, absl::Time> clients;
+    std::map<int64_t, absl::Time> idle_since;
+  };
+  Liveness liveness_ ABSL_GUARDED_BY(mu_);
+  // the versions long polls compare; coordinated reads' rounds; and tasks
+  // to delete on each worker, sent with its next heartbeat reply.
+  IterationVersions versions_ ABSL_GUARDED_BY(mu_);
+  CoordinatedRounds rounds_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<int64_t>> to_delete_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);  // the journal's counters
 };
-
-// Static sharding: the entry of `patterns` (worker_addresses) a worker at
-// `address` ("host:port") takes. An entry equal to the address wins; else
-// the first "host:%port%" entry of the same host for which free(index)
-// holds. nullopt when none matches.
-std::optional<int64_t> MatchWorkerAddress(
-    const std::vector<std::string>& patterns, const std::string& address,
-    const std::function<bool(int64_t)>& free);
-// InvalidArgument unless every entry is host:port or host:%port% and no
-// host:port is listed twice.
-absl::Status ValidateWorkerAddresses(const std::vector<std::string>& patterns);
-
 
 }  // namespace sluice::internal
