@@ -48,6 +48,8 @@ DispatcherImpl::DispatcherImpl(DispatcherConfig config, Clock clock, WorkerProbe
     : config_(std::move(config)),
       clock_(std::move(clock)),
       probe_(std::move(probe)),
+      journal_([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return SnapshotLocked(); },
+               [this] { poll_cv_.Signal(); }),
       state_(config_.worker_addresses) {}
 
 absl::Duration DispatcherImpl::MaxWorkerWait() const {
@@ -107,8 +109,7 @@ void DispatcherImpl::StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone
     }
     // Answered now. Unless what it saw is already durable, the poll thread
     // sends the reply once it is: a callback thread never waits for a disk.
-    if (!shutdown_ && journal_ != nullptr &&
-        (journal_durable_ < journal_applied_ || !journal_error_.ok())) {
+    if (!shutdown_ && journal_.Behind()) {
       QueueReplyLocked(std::move(done), std::move(s));
       return;
     }
@@ -117,7 +118,7 @@ void DispatcherImpl::StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone
 }
 
 void DispatcherImpl::QueueReplyLocked(PollDone done, absl::Status s) {
-  replies_.push_back({journal_applied_, std::move(done), std::move(s)});
+  replies_.push_back({journal_.applied(), std::move(done), std::move(s)});
   EnsurePollThreadLocked();
   poll_cv_.Signal();
 }
@@ -173,27 +174,26 @@ void DispatcherImpl::PollThread() {
       if (s.ok() && step.wait && !shutdown_) {
         ParkLocked(id, {std::move(parked.poll), std::move(step), std::move(parked.done)});
       } else {
-        replies_.push_back({journal_applied_, std::move(parked.done), std::move(s)});
+        replies_.push_back({journal_.applied(), std::move(parked.done), std::move(s)});
       }
     }
     // Group commit for the replies: write what they wait for (unless a
     // writer runs: its end wakes this thread).
-    if (!replies_.empty() && journal_ != nullptr && journal_error_.ok() && !journal_writing_ &&
-        journal_durable_ < replies_.back().target) {
-      WriteJournalLocked();  // releases mu_ while it writes
+    if (!replies_.empty() && journal_.NeedsWriter(replies_.back().target)) {
+      journal_.Write(mu_);  // releases mu_ while it writes
       progress = true;
     }
     // The replies whose state is durable (every one, failing, once the
     // journal failed) go out, in order, without the lock.
-    const bool failed = journal_ != nullptr && !journal_error_.ok();
+    const bool failed = journal_.is_open() && !journal_.error().ok();
     std::vector<PendingReply> send;
     while (!replies_.empty() &&
-           (journal_ == nullptr || failed || replies_.front().target <= journal_durable_)) {
+           (failed || journal_.Durable(replies_.front().target))) {
       send.push_back(std::move(replies_.front()));
       replies_.pop_front();
     }
     if (!send.empty()) {
-      const absl::Status error = failed ? journal_error_ : absl::OkStatus();
+      const absl::Status error = failed ? journal_.error() : absl::OkStatus();
       mu_.Unlock();
       for (PendingReply& r : send) r.done(error.ok() ? std::move(r.status) : error);
       mu_.Lock();
@@ -207,7 +207,6 @@ void DispatcherImpl::PollThread() {
 DispatcherImpl::~DispatcherImpl() {
   Shutdown();
   if (poll_thread_.joinable()) poll_thread_.join();
-  if (compact_thread_.joinable()) compact_thread_.join();
 }
 
 absl::Status DispatcherImpl::ValidateRegistration(const proto::WorkerHeartbeatRequest& req) {
@@ -244,16 +243,8 @@ void DispatcherImpl::Shutdown() {
 absl::Status DispatcherImpl::RecordLocked(const proto::JournalRecord& rec) {
   if (rec.updates_size() == 0) return absl::OkStatus();
   std::string bytes;
-  if (journal_ != nullptr) {
-    SLUICE_RETURN_IF_ERROR(journal_error_);
-    if (!rec.SerializeToString(&bytes)) {
-      return absl::InternalError("dispatcher journal: cannot serialize a state change");
-    }
-    if (bytes.size() > kMaxRecordBytes) {
-      return absl::UnavailableError(absl::StrCat(
-          "the dispatcher cannot journal this change (a record of ", bytes.size(),
-          " bytes exceeds the journal's limit of ", kMaxRecordBytes, " bytes)"));
-    }
+  if (journal_.is_open()) {
+    SLUICE_ASSIGN_OR_RETURN(bytes, journal_.Encode(rec));
   }
   for (const proto::JournalUpdate& u : rec.updates()) {
     absl::Status s = ApplyLocked(u);
@@ -264,12 +255,7 @@ absl::Status DispatcherImpl::RecordLocked(const proto::JournalRecord& rec) {
       return absl::InternalError(absl::StrCat("dispatcher state change failed: ", s.message()));
     }
   }
-  if (journal_ != nullptr) {
-    journal_queue_.push_back(std::move(bytes));
-    ++journal_applied_;
-    ++stats_.journal_records;
-    ++records_in_journal_;
-  }
+  if (journal_.is_open()) journal_.Queue(std::move(bytes));
   return absl::OkStatus();
 }
 
@@ -326,140 +312,23 @@ absl::Status DispatcherImpl::ApplyLocked(const proto::JournalUpdate& u) {
 
 absl::Status DispatcherImpl::AwaitDurable(absl::Status reply) {
   absl::MutexLock l(&mu_);
-  if (journal_ == nullptr) return reply;
-  const int64_t target = journal_applied_;
-  while (journal_durable_ < target && journal_error_.ok()) {
-    if (journal_writing_) {
-      journal_cv_.Wait(&mu_);
-    } else {
-      WriteJournalLocked();
-    }
-  }
-  if (!journal_error_.ok()) return journal_error_;
-  return reply;
-}
-
-void DispatcherImpl::WriteJournalLocked() {
-  journal_writing_ = true;
-  std::vector<std::string> batch;
-  batch.swap(journal_queue_);
-  const int64_t upto = journal_applied_;
-  // Records after a snapshot being written go into the compacted journal
-  // too, when it is installed.
-  if (compacting_) retained_.insert(retained_.end(), batch.begin(), batch.end());
-  // Records and bytes: a snapshot of a big fleet (hundreds of thousands of
-  // tasks) is large while the records that follow (splits) are small, so
-  // counting records alone would rewrite it every few seconds.
-  JournalWriter* journal = journal_.get();
-  if (!compacting_ &&
-      records_in_journal_ >= std::max(compaction_min_records_, 4 * records_in_last_snapshot_) &&
-      journal->size() >= 4 * bytes_in_last_snapshot_) {
-    // The snapshot holds every change applied so far, this batch's too; it
-    // is written by a thread of its own while appends go on.
-    compacting_ = true;
-    compact_upto_ = journal_applied_;
-    if (compact_thread_.joinable()) compact_thread_.join();  // it has left the lock for good
-    compact_thread_ = std::thread(
-        [this, snapshot = SnapshotLocked(), before = journal->size()]() mutable {
-          CompactInBackground(std::move(snapshot), before);
-        });
-  }
-  mu_.Unlock();
-  const absl::Status written = journal->AppendBatch(batch);
-  mu_.Lock();
-  journal_writing_ = false;
-  stats_.journal_syncs = journal->syncs();
-  if (written.ok()) {
-    journal_durable_ = upto;
-  } else {
-    spdlog::error("dispatcher: journal write failed; no further change is accepted and every "
-                  "request fails until the dispatcher is restarted (it replays its journal): {}",
-                  std::string(written.message()));
-    journal_error_ = absl::UnavailableError(absl::StrCat(
-        "the dispatcher cannot journal changes (", written.message(),
-        "); it must be restarted, retry later"));
-  }
-  journal_cv_.SignalAll();
-  poll_cv_.Signal();  // replies waiting in the poll thread may go out
-}
-
-void DispatcherImpl::CompactInBackground(std::vector<std::string> snapshot,
-                                         uint64_t bytes_before) {
-  absl::Status s = journal_->WriteCompacted(snapshot);
-  absl::MutexLock l(&mu_);
-  while (journal_writing_) journal_cv_.Wait(&mu_);
-  if (s.ok()) s = journal_error_;
-  if (s.ok()) {
-    // Every retained record is in the old journal now; the new one gets
-    // them after the snapshot. Appends wait meanwhile (a short write).
-    journal_writing_ = true;
-    std::vector<std::string> tail = std::move(retained_);
-    mu_.Unlock();
-    s = journal_->InstallCompacted(tail);
-    mu_.Lock();
-    journal_writing_ = false;
-    stats_.journal_syncs = journal_->syncs();
-  }
-  compacting_ = false;
-  retained_.clear();
-  if (s.ok()) {
-    CompactedLocked(snapshot, bytes_before);
-    records_in_journal_ += journal_applied_ - compact_upto_;  // applied since the snapshot
-  } else {
-    // The old journal stays in use, whole; it just stays long.
-    spdlog::warn("dispatcher: journal compaction failed: {}", std::string(s.message()));
-    records_in_last_snapshot_ = records_in_journal_;  // do not retry at every write
-    bytes_in_last_snapshot_ = bytes_before;
-  }
-  journal_cv_.SignalAll();
-  poll_cv_.Signal();
-}
-
-void DispatcherImpl::CompactedLocked(const std::vector<std::string>& snapshot,
-                                     uint64_t bytes_before) {
-  // The snapshot's own size (the installed file may hold records appended
-  // while it was written, after it).
-  uint64_t bytes = kJournalHeaderBytes;
-  for (const std::string& r : snapshot) bytes += kJournalRecordHeaderBytes + r.size();
-  spdlog::info("dispatcher: journal compacted from {} records ({} bytes) to a snapshot of {} "
-               "records ({} bytes)",
-               records_in_journal_, bytes_before, snapshot.size(), bytes);
-  records_in_journal_ = records_in_last_snapshot_ = static_cast<int64_t>(snapshot.size());
-  bytes_in_last_snapshot_ = bytes;
-  ++stats_.journal_compactions;
+  return journal_.AwaitDurable(mu_, std::move(reply));
 }
 
 void DispatcherImpl::SetCompactionMinRecords(int64_t min_records) {
   absl::MutexLock l(&mu_);
-  compaction_min_records_ = std::max<int64_t>(1, min_records);
+  journal_.SetCompactionMinRecords(min_records);
 }
 
 void DispatcherImpl::SetJournalFaultHookForTesting(
     std::function<void(JournalWriter::Stage)> hook) {
   absl::MutexLock l(&mu_);
-  while (journal_writing_) journal_cv_.Wait(&mu_);
-  if (journal_ != nullptr) journal_->SetFaultHookForTesting(std::move(hook));
+  journal_.SetFaultHookForTesting(mu_, std::move(hook));
 }
 
 absl::Status DispatcherImpl::CompactJournal() {
   absl::MutexLock l(&mu_);
-  if (journal_ == nullptr) return absl::FailedPreconditionError("no journal is open");
-  while (journal_writing_ || compacting_) journal_cv_.Wait(&mu_);
-  SLUICE_RETURN_IF_ERROR(journal_error_);
-  return CompactLocked();
-}
-
-absl::Status DispatcherImpl::CompactLocked() {
-  // No writer runs (the caller made sure): the snapshot replaces the
-  // journal and everything queued.
-  std::vector<std::string> records = SnapshotLocked();
-  const uint64_t before = journal_->size();
-  SLUICE_RETURN_IF_ERROR(journal_->Rewrite(records));
-  journal_queue_.clear();
-  journal_durable_ = journal_applied_;
-  stats_.journal_syncs = journal_->syncs();
-  CompactedLocked(records, before);
-  return absl::OkStatus();
+  return journal_.Compact(mu_);
 }
 
 std::vector<std::string> DispatcherImpl::SnapshotLocked() {
@@ -474,7 +343,7 @@ absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
   }
   SLUICE_ASSIGN_OR_RETURN(std::vector<std::string> records, ReadJournal(config_.work_dir));
   absl::MutexLock l(&mu_);
-  if (journal_ != nullptr || state_.next_id() != 1 || !state_.workers().empty()) {
+  if (journal_.is_open() || state_.next_id() != 1 || !state_.workers().empty()) {
     return absl::FailedPreconditionError("OpenJournal: the dispatcher is already in use");
   }
   replaying_ = true;
@@ -506,20 +375,13 @@ absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
   }
   for (const auto& [addr, w] : state_.workers()) liveness_.workers[addr] = now;
   for (const auto& [id, c] : state_.clients()) liveness_.clients[id] = now;
-  stats_.replayed_records = static_cast<int64_t>(records.size());
-  SLUICE_ASSIGN_OR_RETURN(journal_, JournalWriter::Open(config_.work_dir, policy));
-  records_in_journal_ = static_cast<int64_t>(records.size());
-  if (records_in_journal_ >= compaction_min_records_) {
-    absl::Status s = CompactLocked();
-    if (!s.ok()) {
-      spdlog::warn("dispatcher: journal compaction failed: {}", std::string(s.message()));
-    }
-  }
+  replayed_records_ = static_cast<int64_t>(records.size());
+  SLUICE_RETURN_IF_ERROR(journal_.Open(config_.work_dir, policy, replayed_records_));
   int64_t open_tasks = 0;
   for (const auto& [id, t] : state_.tasks()) open_tasks += !t.completed && !t.lost;
   spdlog::info("dispatcher: journal {} replayed ({} records): {} dataset(s), {} job(s), {} "
                "iteration(s), {} running task(s), {} worker(s), {} client(s)",
-               journal_->path(), records.size(), state_.datasets().size(), state_.jobs().size(),
+               journal_.path(), records.size(), state_.datasets().size(), state_.jobs().size(),
                state_.iterations().size(), open_tasks, state_.workers().size(),
                state_.clients().size());
   return absl::OkStatus();
@@ -1371,7 +1233,11 @@ absl::Status DispatcherImpl::GetDataServiceConfig(const proto::GetDataServiceCon
 
 DispatcherImpl::Stats DispatcherImpl::GetStats() {
   absl::MutexLock l(&mu_);
-  Stats s = stats_;
+  Stats s;
+  s.journal_records = journal_.counters().records;
+  s.journal_compactions = journal_.counters().compactions;
+  s.journal_syncs = journal_.counters().syncs;
+  s.replayed_records = replayed_records_;
   const DispatcherState::Counts& counts = state_.counts();
   s.jobs = counts.jobs;
   s.iterations = counts.iterations;

@@ -105,6 +105,7 @@
 #include "sluice/control/dispatcher_state.h"
 #include "sluice/control/iteration_versions.h"
 #include "sluice/control/journal.h"
+#include "sluice/control/journal_committer.h"
 #include "sluice/control/long_polls.h"
 #include "sluice/dataset/dataset_internal.h"
 #include "sluice/rpc/protocol.h"
@@ -150,7 +151,7 @@ class DispatcherImpl {
   // holds `min_records` records, and four times the records and the bytes
   // of the last snapshot (so it stays within a few times the state's size).
   // CompactJournal() does it now.
-  static constexpr int64_t kCompactionMinRecords = 10000;
+  static constexpr int64_t kCompactionMinRecords = JournalCommitter::kCompactionMinRecords;
   void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_);
   // Tests: see JournalWriter::SetFaultHookForTesting. Call after OpenJournal.
@@ -312,27 +313,11 @@ class DispatcherImpl {
   // kept beside it up to date from the update and its Changes: versions
   // and polls, liveness, tasks to delete, coordinated rounds.
   absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Group commit. Every RPC ends here, after releasing mu_: it returns
-  // `reply` once every change applied so far is durable, or Unavailable
-  // if the journal failed (then the dispatcher takes no more changes and
-  // must be restarted: its memory is ahead of its journal). Whichever
-  // caller finds records queued and no writer becomes the writer
-  // (WriteJournalLocked); the others wait for it.
+  // Every RPC ends here, after releasing mu_: `reply` once every change
+  // applied so far is durable (JournalCommitter::AwaitDurable).
   absl::Status AwaitDurable(absl::Status reply) ABSL_LOCKS_EXCLUDED(mu_);
-  // Takes the whole queue (or, when the journal has grown enough, a
-  // snapshot of the state instead), writes and syncs it with mu_ released,
-  // then marks it durable and wakes the waiters.
-  void WriteJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes `snapshot` as the compacted journal while appends go on, then
-  // installs it with the records appended meanwhile (compact_thread_).
-  void CompactInBackground(std::vector<std::string> snapshot, uint64_t bytes_before)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Bookkeeping after a snapshot of `records` replaced the journal.
-  void CompactedLocked(const std::vector<std::string>& snapshot, uint64_t bytes_before)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The state as serialized records that rebuild it from nothing.
   std::vector<std::string> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Task creation policy.
   // A fresh id (ids handed out but not yet applied included).
@@ -363,25 +348,13 @@ class DispatcherImpl {
   std::deque<PendingReply> replies_ ABSL_GUARDED_BY(mu_);  // targets ascending
   absl::CondVar poll_cv_;
   std::thread poll_thread_;
-  // Written by the one writer of the moment (journal_writing_) without mu_;
-  // the pointer is set once, by OpenJournal.
-  std::unique_ptr<JournalWriter> journal_;
-  std::vector<std::string> journal_queue_ ABSL_GUARDED_BY(mu_);  // applied, not yet written
-  int64_t journal_applied_ ABSL_GUARDED_BY(mu_) = 0;  // records queued since start
-  int64_t journal_durable_ ABSL_GUARDED_BY(mu_) = 0;  // ... of them written and synced
-  bool journal_writing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status journal_error_ ABSL_GUARDED_BY(mu_);  // sticky: see AwaitDurable
-  absl::CondVar journal_cv_;                          // a write finished
-  bool compacting_ ABSL_GUARDED_BY(mu_) = false;      // compact_thread_ is writing a snapshot
-  int64_t compact_upto_ ABSL_GUARDED_BY(mu_) = 0;     // the records the snapshot holds
-  std::vector<std::string> retained_ ABSL_GUARDED_BY(mu_);  // written since the snapshot
-  std::thread compact_thread_;
+  // The group commit (the journal in fault_tolerant_mode; open once
+  // OpenJournal ran). It calls back into the dispatcher holding mu_:
+  // SnapshotLocked to compact, and to wake the poll thread after a write.
+  // Its compaction thread takes mu_ and signals poll_cv_, so it is declared
+  // after them (and destroyed, joining that thread, before them).
+  JournalCommitter journal_ ABSL_GUARDED_BY(mu_);
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // quiets logs of replayed changes
-  int64_t compaction_min_records_ ABSL_GUARDED_BY(mu_) = kCompactionMinRecords;
-  int64_t records_in_journal_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t records_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t bytes_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
-
   // The durable state: changed only by ApplyLocked.
   DispatcherState state_ ABSL_GUARDED_BY(mu_);
   // Ids handed out; at least state_.next_id() (NewIdLocked).
@@ -401,7 +374,7 @@ class DispatcherImpl {
   IterationVersions versions_ ABSL_GUARDED_BY(mu_);
   CoordinatedRounds rounds_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<int64_t>> to_delete_ ABSL_GUARDED_BY(mu_);
-  Stats stats_ ABSL_GUARDED_BY(mu_);  // the journal's counters
+  int64_t replayed_records_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace sluice::internal
