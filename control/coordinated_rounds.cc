@@ -47,6 +47,14 @@ void CoordinatedRounds::Joined(int64_t iteration) {
   if (r != rounds_.end()) r->second.ready.clear();
 }
 
+void CoordinatedRounds::Follow(const proto::JournalUpdate& u,
+                               const DispatcherState::Changes& c) {
+  if (u.has_start_tasks()) Joined(u.start_tasks().iteration_id());
+  for (const auto& [id, consumer] : c.left_consumers) Left(id, consumer);
+  for (int64_t id : c.joining) ChooseTarget(id);
+  for (int64_t id : c.dropped) Forget(id);
+}
+
 void CoordinatedRounds::Left(int64_t iteration, int64_t consumer) {
   auto r = rounds_.find(iteration);
   if (r != rounds_.end()) r->second.ready.erase(consumer);

@@ -17,6 +17,9 @@
 #include <map>
 #include <set>
 
+#include "control/journal.pb.h"
+#include "sluice/control/dispatcher_state.h"
+
 namespace sluice::internal {
 
 class CoordinatedRounds {
@@ -52,6 +55,10 @@ class CoordinatedRounds {
   void Left(int64_t iteration, int64_t consumer);
   // The iteration no longer exists.
   void Forget(int64_t iteration) { rounds_.erase(iteration); }
+  // After `u` was applied, with the Changes it made: ChooseTarget for an
+  // iteration's first pending task, Joined once they start, Left for a
+  // consumer's client removed, Forget for a dropped iteration.
+  void Follow(const proto::JournalUpdate& u, const DispatcherState::Changes& c);
 
  private:
   struct Rounds {

@@ -106,7 +106,9 @@
 #include "sluice/control/iteration_versions.h"
 #include "sluice/control/journal.h"
 #include "sluice/control/journal_committer.h"
+#include "sluice/control/liveness.h"
 #include "sluice/control/long_polls.h"
+#include "sluice/control/task_policy.h"
 #include "sluice/dataset/dataset_internal.h"
 #include "sluice/rpc/protocol.h"
 
@@ -224,11 +226,11 @@ class DispatcherImpl {
   // Wakes long polls and makes later ones return at once.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Counters for tests and metrics.
-  struct Stats {
-    int64_t workers = 0, jobs = 0, iterations = 0, live_tasks = 0, iteration_clients = 0;
-    int64_t lost_workers = 0, collected_iterations = 0;
-    int64_t splits_created = 0, splits_completed = 0, splits_reassigned = 0;
+  // Counters for tests and metrics: what the applied updates did
+  // (DispatcherState::Counts: jobs, iterations, lost_workers,
+  // collected_iterations, splits_created/completed/reassigned), and:
+  struct Stats : DispatcherState::Counts {
+    int64_t workers = 0, live_tasks = 0, iteration_clients = 0;
     int64_t journal_records = 0;   // appended since start
     int64_t replayed_records = 0;  // read back from the journal at start
     int64_t journal_compactions = 0;
@@ -272,23 +274,12 @@ class DispatcherImpl {
   void ParkLocked(int64_t id, Parked parked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollThread() ABSL_LOCKS_EXCLUDED(mu_);
   void EnsurePollThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A reply to send once the journal holds every change applied before it
-  // (`target` records): the poll thread writes and sends.
-  struct PendingReply {
-    int64_t target = 0;
-    PollDone done;
-    absl::Status status;
-  };
-  void QueueReplyLocked(PollDone done, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The long polls' steps. WorkerHeartbeatPoll checks a new worker's
   // addresses first, without the lock.
   absl::StatusOr<PollFn> WorkerHeartbeatPoll(const proto::WorkerHeartbeatRequest& req,
                                              proto::WorkerHeartbeatResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status WorkerHeartbeatBeginLocked(const proto::WorkerHeartbeatRequest& req,
-                                          const std::string& transfer_address,
-                                          const std::string& protocol,
-                                          const std::function<bool(const Worker&)>& moved)
+  absl::Status WorkerHeartbeatBeginLocked(const proto::WorkerHeartbeatRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PollFn ClientHeartbeatPoll(const proto::ClientHeartbeatRequest& req,
                              proto::ClientHeartbeatResponse* resp);
@@ -296,10 +287,6 @@ class DispatcherImpl {
                                  int64_t known_version, proto::ClientHeartbeatResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PollFn GetSplitPoll(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp);
-
-  // Checks a registering worker's request: InvalidArgument unless its
-  // addresses are dialable host:port and its protocol is grpc or ucx.
-  static absl::Status ValidateRegistration(const proto::WorkerHeartbeatRequest& req);
 
   // Coordinated reads: records a consumer's round (CoordinatedRounds) and
   // starts the pending tasks of `it` once every consumer agreed.
@@ -319,25 +306,8 @@ class DispatcherImpl {
   // The state as serialized records that rebuild it from nothing.
   std::vector<std::string> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Task creation policy.
   // A fresh id (ids handed out but not yet applied included).
   int64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a CreateTask update (a new task id) for worker `address` to `rec`.
-  void AddCreateTaskLocked(proto::JournalRecord& rec, int64_t iteration_id, bool pending,
-                           const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the worker with `worker_index` should get a task of `it`:
-  // always, except under static sharding once another task completed or is
-  // reading that worker's shard.
-  bool NeedsTaskLocked(const Iteration& it, int64_t worker_index)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `it` reads workers on `host`: always, except under
-  // TARGET_WORKERS_LOCAL, where it reads the hosts of its clients only.
-  bool ReadsHostLocked(const Iteration& it, const std::string& host)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a worker that joins (or restarts) now gets a task of `it`: not
-  // once it was collected, nor once it finished and every client read it
-  // to the end (tf.data: late joiners get tasks until then).
-  bool AcceptsTasksLocked(const Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DispatcherConfig config_;
   const Clock clock_;
@@ -345,7 +315,6 @@ class DispatcherImpl {
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   LongPolls polls_ ABSL_GUARDED_BY(mu_);
-  std::deque<PendingReply> replies_ ABSL_GUARDED_BY(mu_);  // targets ascending
   absl::CondVar poll_cv_;
   std::thread poll_thread_;
   // The group commit (the journal in fault_tolerant_mode; open once
@@ -359,18 +328,13 @@ class DispatcherImpl {
   DispatcherState state_ ABSL_GUARDED_BY(mu_);
   // Ids handed out; at least state_.next_id() (NewIdLocked).
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Which tasks to create (on state_).
+  const TaskPolicy task_policy_ ABSL_GUARDED_BY(mu_);
   // Beside the state, transient (not journaled, rebuilt after a restart):
-  // liveness -- when each worker and client was last heard from (a
-  // restored one gets a fresh timeout) and since when each iteration has
-  // had no client (a restored one: since the restart);
-  struct Liveness {
-    std::map<std::string, absl::Time> workers;
-    std::map<int64_t, absl::Time> clients;
-    std::map<int64_t, absl::Time> idle_since;
-  };
+  // liveness (heartbeat times, idle iterations), the versions long polls
+  // compare, coordinated reads' rounds, and the tasks to delete on each
+  // worker, sent with its next heartbeat reply.
   Liveness liveness_ ABSL_GUARDED_BY(mu_);
-  // the versions long polls compare; coordinated reads' rounds; and tasks
-  // to delete on each worker, sent with its next heartbeat reply.
   IterationVersions versions_ ABSL_GUARDED_BY(mu_);
   CoordinatedRounds rounds_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<int64_t>> to_delete_ ABSL_GUARDED_BY(mu_);

@@ -16,6 +16,24 @@ JournalCommitter::~JournalCommitter() {
   if (compact_thread_.joinable()) compact_thread_.join();
 }
 
+absl::Status JournalCommitter::Replay(
+    const std::string& dir, const std::vector<std::string>& records,
+    const std::function<absl::Status(const proto::JournalUpdate&)>& apply) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    proto::JournalRecord rec;
+    absl::Status s;
+    if (!rec.ParseFromString(records[i])) s = absl::InvalidArgumentError("it does not parse");
+    for (int k = 0; s.ok() && k < rec.updates_size(); ++k) s = apply(rec.updates(k));
+    if (!s.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          "dispatcher journal ", dir, "/", std::string(kJournalFileName), ": record ", i + 1,
+          " of ", records.size(), " cannot be applied (", s.message(),
+          "); it was written by an incompatible dispatcher or is damaged"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JournalCommitter::Open(const std::string& dir, FsyncPolicy policy,
                                     int64_t replayed) {
   SLUICE_ASSIGN_OR_RETURN(journal_, JournalWriter::Open(dir, policy));
@@ -62,6 +80,30 @@ absl::Status JournalCommitter::AwaitDurable(absl::Mutex& mu, absl::Status reply)
   }
   if (!error_.ok()) return error_;
   return reply;
+}
+
+void JournalCommitter::QueueReply(Done done, absl::Status status) {
+  replies_.push_back({applied_, std::move(done), std::move(status)});
+}
+
+bool JournalCommitter::SendReplies(absl::Mutex& mu) {
+  bool progress = false;
+  if (!replies_.empty() && NeedsWriter(replies_.back().target)) {
+    Write(mu);  // releases mu while it writes
+    progress = true;
+  }
+  const bool failed = is_open() && !error_.ok();
+  std::vector<PendingReply> send;
+  while (!replies_.empty() && (failed || Durable(replies_.front().target))) {
+    send.push_back(std::move(replies_.front()));
+    replies_.pop_front();
+  }
+  if (send.empty()) return progress;
+  const absl::Status error = failed ? error_ : absl::OkStatus();
+  mu.Unlock();
+  for (PendingReply& r : send) r.done(error.ok() ? std::move(r.status) : error);
+  mu.Lock();
+  return true;
 }
 
 void JournalCommitter::Write(absl::Mutex& mu) {

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,6 +61,11 @@ class JournalCommitter {
   // The default of SetCompactionMinRecords.
   static constexpr int64_t kCompactionMinRecords = 10000;
 
+  // Applies `records` (read from `dir`'s journal: ReadJournal) in order,
+  // each update with `apply`. DataLoss naming the record that does not
+  // parse or apply.
+  static absl::Status Replay(const std::string& dir, const std::vector<std::string>& records,
+                             const std::function<absl::Status(const proto::JournalUpdate&)>& apply);
   // Opens `dir`/journal for appending after `replayed` records were read
   // back from it, and compacts it now when they are enough.
   absl::Status Open(const std::string& dir, FsyncPolicy policy, int64_t replayed);
@@ -91,6 +97,18 @@ class JournalCommitter {
   // waiting for the writer of the moment), or the sticky error. Releases
   // `mu` while it writes or waits.
   absl::Status AwaitDurable(absl::Mutex& mu, absl::Status reply) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Replies of callers that hold no thread (the dispatcher's parked long
+  // polls): `done(status)` runs once every record queued so far is durable,
+  // or with the sticky error, from SendReplies.
+  using Done = std::function<void(absl::Status)>;
+  void QueueReply(Done done, absl::Status status);
+  bool replies_pending() const { return !replies_.empty(); }
+  // Writes what the queued replies wait for (unless a write runs: its end
+  // calls the WrittenFn), then sends the replies now durable (every one,
+  // failing, once a write failed), in order, with `mu` released. True when
+  // it did either.
+  bool SendReplies(absl::Mutex& mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   // Takes the whole queue (and, when the journal has grown enough, starts
   // a compaction), writes and syncs it with `mu` released, then marks it
   // durable and wakes the waiters. Call only when NeedsWriter.
@@ -141,6 +159,12 @@ class JournalCommitter {
   int64_t records_in_last_snapshot_ = 0;
   uint64_t bytes_in_last_snapshot_ = 0;
   Counters counters_;
+  struct PendingReply {
+    int64_t target = 0;  // the records applied before it
+    Done done;
+    absl::Status status;
+  };
+  std::deque<PendingReply> replies_;  // targets ascending
 };
 
 }  // namespace sluice::internal

@@ -40,7 +40,8 @@ MODULES = set(BELOW)
 PRIVATE = {"control/dispatcher_impl.h", "control/dispatcher_state.h",
            "control/split_provider.h", "control/shard_claims.h",
            "control/coordinated_rounds.h", "control/iteration_versions.h",
-           "control/journal_committer.h"}
+           "control/journal_committer.h", "control/request_checks.h",
+           "control/task_policy.h", "control/liveness.h"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](?:sluice/)?([a-z_]+)/[^>"]*[>"]')
 SOURCES = (".h", ".cc", ".cu", ".cpp", ".hpp")
