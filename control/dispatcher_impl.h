@@ -57,31 +57,64 @@
 //   by a task that completes normally (e.g. a Take ended its pipeline) are
 //   dropped as completed.
 //
+// Shape
+//   DispatcherImpl handles the RPCs, runs the long polls and holds the one
+//   mutex; it decides what changes and records it. The parts, all used
+//   under that mutex:
+//   - DispatcherState (dispatcher_state.h): the durable state -- datasets,
+//     jobs, iterations, tasks, workers, clients and their indexes, with
+//     each distributed_epoch iteration's SplitProvider (split_provider.h)
+//     and static sharding's ShardClaims (shard_claims.h). Changed only by
+//     Apply(JournalUpdate), one method per update kind; no mutex, no clock,
+//     no policy. Its Snapshot() is the one encoding of the state.
+//   - Policy, deciding from the state and emitting updates: TaskPolicy
+//     (which tasks to create, target_workers, how worker reports end
+//     tasks), SplitProvider's planning half (which split a task gets,
+//     what a GetSplit report completes or requeues), CoordinatedRounds
+//     (when pending tasks join coordinated reads), Liveness's Tick
+//     decisions (which workers and clients expired, which iterations to
+//     collect), and request_checks.h (what a request must satisfy).
+//   - Beside the state, transient (not journaled, rebuilt after a
+//     restart): Liveness (heartbeat times, idle iterations),
+//     IterationVersions (what client and GetSplit polls compare),
+//     CoordinatedRounds (consumers' rounds and the join target), LongPolls
+//     (waiting polls), and the tasks to delete on each worker.
+//   - JournalCommitter (journal_committer.h): the group commit and
+//     compaction of the journal.
+//   A change is a proto::JournalRecord, a batch of updates. RecordLocked
+//   applies each update with ApplyLocked -- the same code a replay runs:
+//   DispatcherState::Apply, then what is kept beside the state follows the
+//   Changes the update reports (versions bumped and polls woken, liveness,
+//   rounds, tasks to delete) -- and queues the record for the journal.
+//
 // Journal (fault_tolerant_mode): every state change is a batch of
-// proto::JournalUpdate records (control/journal.proto). The live path builds
-// the batch and applies it with ApplyLocked -- the same code a replay runs --
-// under the mutex, and queues the record. Writing is a group commit, as
-// LevelDB's: an RPC, after releasing the mutex, waits until every change
-// applied so far is durable; the first waiter that finds records queued and
-// no write running writes the whole queue with one write and one fdatasync,
-// without the mutex, while the others wait for it. So no reply reveals a
-// change that a crash can lose, and concurrent changes share one fsync.
-// Compaction (the journal rewritten as a snapshot once it has grown) is
-// done by the writer the same way: the snapshot is built under the mutex,
-// written without it. A failed write is sticky: the state in memory is then
-// ahead of the journal, so every later request fails (Unavailable) until
-// the dispatcher is restarted and replays its journal. What is not
-// journaled is transient and rebuilt after a restart: heartbeat times
-// (restored workers and clients get a fresh timeout), long polls, tasks to
-// delete on workers (workers report unknown tasks), coordinated-read
+// proto::JournalUpdate records (control/journal.proto), applied under the
+// mutex and queued. Writing is a group commit, as LevelDB's: an RPC, after
+// releasing the mutex, waits until every change applied so far is durable;
+// the first waiter that finds records queued and no write running writes
+// the whole queue with one write and one fdatasync, without the mutex,
+// while the others wait for it (parked long polls hold no thread: the poll
+// thread writes for them and sends their replies once durable). So no
+// reply reveals a change that a crash can lose, and concurrent changes
+// share one fsync. Compaction (the journal rewritten as a snapshot once it
+// has grown) is done by the writer the same way: the snapshot is built
+// under the mutex, written without it. A failed write is sticky: the state
+// in memory is then ahead of the journal, so every later request fails
+// (Unavailable) until the dispatcher is restarted and replays its journal.
+// What is not journaled is transient and rebuilt after a restart: heartbeat
+// times (restored workers and clients get a fresh timeout), long polls and
+// iteration versions (they move past every version a client knew), tasks
+// to delete on workers (workers report unknown tasks), coordinated-read
 // targets (consumers report their rounds again). A restored worker's
 // undelivered tasks are sent again; a delivered one it no longer holds is
 // lost, as without a restart.
 //
 // Thread safety: every method may be called from any thread; one mutex
-// guards all state. Long polls wait on a condition variable of their own
-// key (a worker, an iteration), woken only by changes to it. Time comes from the injected clock so tests can drive
-// timeouts.
+// guards all state, the parts above included (JournalCommitter releases it
+// around its writes, as LevelDB's VersionSet::LogAndApply). Long polls wait
+// on a condition variable of their own key (a worker, an iteration), woken
+// only by changes to it. Time comes from the injected clock so tests can
+// drive timeouts.
 #pragma once
 
 #include <deque>
@@ -235,7 +268,7 @@ class DispatcherImpl {
     int64_t replayed_records = 0;  // read back from the journal at start
     int64_t journal_compactions = 0;
     int64_t journal_syncs = 0;     // fdatasync calls (one per group commit)
-    // Snapshots computed by GetStats (jobs and iterations above count
+    // Snapshots computed by GetStats (jobs and iterations count
     // creations): datasets registered, jobs held, iterations neither
     // finished nor collected, and the longest time since a worker's (not
     // inside a long poll) or a client's last heartbeat.
