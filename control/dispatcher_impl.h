@@ -117,7 +117,6 @@
 // drive timeouts.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -282,7 +281,6 @@ class DispatcherImpl {
   using Iteration = DispatcherState::Iteration;
   using Task = DispatcherState::Task;
   using Worker = DispatcherState::Worker;
-  using Client = DispatcherState::Client;
 
   // Long polls (control/long_polls.h).
   using PollKey = LongPolls::Key;
