@@ -57,34 +57,66 @@
 //   by a task that completes normally (e.g. a Take ended its pipeline) are
 //   dropped as completed.
 //
+// Shape
+//   DispatcherImpl handles the RPCs, runs the long polls and holds the one
+//   mutex; it decides what changes and records it. The parts, all used
+//   under that mutex:
+//   - DispatcherState (dispatcher_state.h): the durable state -- datasets,
+//     jobs, iterations, tasks, workers, clients and their indexes, with
+//     each distributed_epoch iteration's SplitProvider (split_provider.h)
+//     and static sharding's ShardClaims (shard_claims.h). Changed only by
+//     Apply(JournalUpdate), one method per update kind; no mutex, no clock,
+//     no policy. Its Snapshot() is the one encoding of the state.
+//   - Policy, deciding from the state and emitting updates: TaskPolicy
+//     (which tasks to create, target_workers, how worker reports end
+//     tasks), SplitProvider's planning half (which split a task gets,
+//     what a GetSplit report completes or requeues), CoordinatedRounds
+//     (when pending tasks join coordinated reads), Liveness's Tick
+//     decisions (which workers and clients expired, which iterations to
+//     collect), and request_checks.h (what a request must satisfy).
+//   - Beside the state, transient (not journaled, rebuilt after a
+//     restart): Liveness (heartbeat times, idle iterations),
+//     IterationVersions (what client and GetSplit polls compare),
+//     CoordinatedRounds (consumers' rounds and the join target), LongPolls
+//     (waiting polls), and the tasks to delete on each worker.
+//   - JournalCommitter (journal_committer.h): the group commit and
+//     compaction of the journal.
+//   A change is a proto::JournalRecord, a batch of updates. RecordLocked
+//   applies each update with ApplyLocked -- the same code a replay runs:
+//   DispatcherState::Apply, then what is kept beside the state follows the
+//   Changes the update reports (versions bumped and polls woken, liveness,
+//   rounds, tasks to delete) -- and queues the record for the journal.
+//
 // Journal (fault_tolerant_mode): every state change is a batch of
-// proto::JournalUpdate records (control/journal.proto). The live path builds
-// the batch and applies it with ApplyLocked -- the same code a replay runs --
-// under the mutex, and queues the record. Writing is a group commit, as
-// LevelDB's: an RPC, after releasing the mutex, waits until every change
-// applied so far is durable; the first waiter that finds records queued and
-// no write running writes the whole queue with one write and one fdatasync,
-// without the mutex, while the others wait for it. So no reply reveals a
-// change that a crash can lose, and concurrent changes share one fsync.
-// Compaction (the journal rewritten as a snapshot once it has grown) is
-// done by the writer the same way: the snapshot is built under the mutex,
-// written without it. A failed write is sticky: the state in memory is then
-// ahead of the journal, so every later request fails (Unavailable) until
-// the dispatcher is restarted and replays its journal. What is not
-// journaled is transient and rebuilt after a restart: heartbeat times
-// (restored workers and clients get a fresh timeout), long polls, tasks to
-// delete on workers (workers report unknown tasks), coordinated-read
+// proto::JournalUpdate records (control/journal.proto), applied under the
+// mutex and queued. Writing is a group commit, as LevelDB's: an RPC, after
+// releasing the mutex, waits until every change applied so far is durable;
+// the first waiter that finds records queued and no write running writes
+// the whole queue with one write and one fdatasync, without the mutex,
+// while the others wait for it (parked long polls hold no thread: the poll
+// thread writes for them and sends their replies once durable). So no
+// reply reveals a change that a crash can lose, and concurrent changes
+// share one fsync. Compaction (the journal rewritten as a snapshot once it
+// has grown) is done by the writer the same way: the snapshot is built
+// under the mutex, written without it. A failed write is sticky: the state
+// in memory is then ahead of the journal, so every later request fails
+// (Unavailable) until the dispatcher is restarted and replays its journal.
+// What is not journaled is transient and rebuilt after a restart: heartbeat
+// times (restored workers and clients get a fresh timeout), long polls and
+// iteration versions (they move past every version a client knew), tasks
+// to delete on workers (workers report unknown tasks), coordinated-read
 // targets (consumers report their rounds again). A restored worker's
 // undelivered tasks are sent again; a delivered one it no longer holds is
 // lost, as without a restart.
 //
 // Thread safety: every method may be called from any thread; one mutex
-// guards all state. Long polls wait on a condition variable of their own
-// key (a worker, an iteration), woken only by changes to it. Time comes from the injected clock so tests can drive
-// timeouts.
+// guards all state, the parts above included (JournalCommitter releases it
+// around its writes, as LevelDB's VersionSet::LogAndApply). Long polls wait
+// on a condition variable of their own key (a worker, an iteration), woken
+// only by changes to it. Time comes from the injected clock so tests can
+// drive timeouts.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -100,9 +132,15 @@
 #include "absl/time/time.h"
 #include "control/journal.pb.h"
 #include "rpc/service.pb.h"
-#include "sluice/control/journal.h"
-#include "sluice/control/long_polls.h"
+#include "sluice/control/coordinated_rounds.h"
 #include "sluice/control/dispatch_server.h"
+#include "sluice/control/dispatcher_state.h"
+#include "sluice/control/iteration_versions.h"
+#include "sluice/control/journal.h"
+#include "sluice/control/journal_committer.h"
+#include "sluice/control/liveness.h"
+#include "sluice/control/long_polls.h"
+#include "sluice/control/task_policy.h"
 #include "sluice/dataset/dataset_internal.h"
 #include "sluice/rpc/protocol.h"
 
@@ -147,7 +185,7 @@ class DispatcherImpl {
   // holds `min_records` records, and four times the records and the bytes
   // of the last snapshot (so it stays within a few times the state's size).
   // CompactJournal() does it now.
-  static constexpr int64_t kCompactionMinRecords = 10000;
+  static constexpr int64_t kCompactionMinRecords = JournalCommitter::kCompactionMinRecords;
   void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_);
   // Tests: see JournalWriter::SetFaultHookForTesting. Call after OpenJournal.
@@ -220,16 +258,16 @@ class DispatcherImpl {
   // Wakes long polls and makes later ones return at once.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Counters for tests and metrics.
-  struct Stats {
-    int64_t workers = 0, jobs = 0, iterations = 0, live_tasks = 0, iteration_clients = 0;
-    int64_t lost_workers = 0, collected_iterations = 0;
-    int64_t splits_created = 0, splits_completed = 0, splits_reassigned = 0;
+  // Counters for tests and metrics: what the applied updates did
+  // (DispatcherState::Counts: jobs, iterations, lost_workers,
+  // collected_iterations, splits_created/completed/reassigned), and:
+  struct Stats : DispatcherState::Counts {
+    int64_t workers = 0, live_tasks = 0, iteration_clients = 0;
     int64_t journal_records = 0;   // appended since start
     int64_t replayed_records = 0;  // read back from the journal at start
     int64_t journal_compactions = 0;
     int64_t journal_syncs = 0;     // fdatasync calls (one per group commit)
-    // Snapshots computed by GetStats (jobs and iterations above count
+    // Snapshots computed by GetStats (jobs and iterations count
     // creations): datasets registered, jobs held, iterations neither
     // finished nor collected, and the longest time since a worker's (not
     // inside a long poll) or a client's last heartbeat.
@@ -239,175 +277,40 @@ class DispatcherImpl {
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct DatasetEntry {
-    std::string id;
-    proto::DatasetDef def;
-    uint64_t fingerprint = 0;
-  };
-  struct Job {
-    int64_t id = 0;
-    std::string dataset_id;
-    proto::ProcessingMode mode = proto::PROCESSING_MODE_UNSPECIFIED;
-    std::string name;
-    int64_t num_consumers = 0;
-    proto::TargetWorkers target_workers = proto::TARGET_WORKERS_AUTO;
-    std::map<int64_t, int64_t> iteration_by_repetition;
-    // distributed_epoch: the split source and whether elements are tagged.
-    proto::DatasetNode split_source;
-    bool split_tracked = false;
-  };
-  // distributed_epoch: one iteration's splits.
-  struct OpenSplit {
-    proto::SplitProto def;
-    int64_t holder_task = 0;  // 0: queued
-  };
-  struct Epoch {
-    std::deque<int64_t> queue;  // open splits to hand out (reassigned ones first)
-    int64_t next_position = 0;  // splits are created lazily from here
-    int64_t open = 0;           // created, not completed
-  };
-  struct SplitProvider {
-    int64_t positions = 0;        // source positions per epoch (files: count)
-    int64_t split_elements = 1;   // positions per split
-    std::vector<std::string> files;  // ListFiles: the matched files, sorted
-    std::map<int64_t, Epoch> epochs;
-    int64_t done_below = 0;       // every epoch below this has completed
-    std::map<int64_t, OpenSplit> open;
-  };
-  struct Iteration {
-    int64_t id = 0;
-    int64_t job_id = 0;
-    int64_t repetition = 0;
-    std::set<int64_t> tasks;
-    std::set<int64_t> clients;
-    bool finished = false;
-    bool collected = false;
-    absl::Status error;
-    absl::Time idle_since;  // when the last client left
-    int64_t version = 0;    // bumped on every change clients can see
-    // ClientHeartbeat answers a known_version at or above this with the
-    // tasks changed since (Task::info_version), a lower one with all.
-    int64_t delta_base = 0;
-    // (info_version, task id) of every change to a task's TaskInfo, so a
-    // delta costs what changed, not the iteration's task count.
-    std::multimap<int64_t, int64_t> task_changes;
-    std::unique_ptr<SplitProvider> splits;  // distributed_epoch only
-    int64_t split_version = 0;              // bumped when splits change (wakes GetSplit)
-    // Coordinated reads. Tasks created after the iteration started join at
-    // target_round: they stay pending (hidden from clients) until every
-    // consumer honours block_round = target_round from a round at or below
-    // it (ready_consumers); then they start at target_round.
-    bool started = false;                          // its first tasks exist
-    std::map<int64_t, int64_t> consumer_rounds;    // consumer_index -> current_round
-    std::map<int64_t, int64_t> consumer_clients;   // consumer_index -> live client id
-    std::vector<int64_t> pending_tasks;
-    int64_t target_round = -1;
-    std::set<int64_t> ready_consumers;
-  };
-  struct Task {
-    int64_t id = 0;
-    int64_t iteration_id = 0;
-    std::string worker;
-    std::string host_id;  // its worker's host
-    bool completed = false;
-    bool lost = false;
-    bool delivered = false;  // the worker received it in a heartbeat reply
-    std::set<int64_t> held_splits;  // distributed_epoch: open splits it holds
-    int64_t shard = -1;             // static sharding: the shard it reads
-    int64_t starting_round = 0;     // coordinated reads
-    bool pending = false;           // coordinated reads: not yet joined
-    int64_t info_version = 0;       // its iteration's version when its TaskInfo last changed
-  };
-  struct Worker {
-    std::string address, transfer_address, protocol;
-    std::string host_id;
-    int64_t index = 0;
-    absl::Time last_heartbeat;
-    std::set<int64_t> tasks;
-    std::vector<proto::TaskDef> pending_new;
-    std::vector<int64_t> pending_delete;
-  };
-  struct Client {
-    int64_t id = 0;
-    int64_t iteration_id = 0;
-    int64_t consumer_index = -1;  // coordinated reads
-    std::string host_id;
-    bool at_end = false;          // read the iteration to its end (journaled)
-    absl::Time last_heartbeat;
-  };
-
-  // Waits until `cond` holds or `timeout` (real time) passes, checking
-  // `cancelled` every kCancelCheckInterval. False when the caller went
-  // away.
-  // The RPCs' bodies; the public methods add AwaitDurable.
-  absl::Status WorkerHeartbeatUnsynced(const proto::WorkerHeartbeatRequest& req,
-                               proto::WorkerHeartbeatResponse* resp,
-                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status WorkerUpdateUnsynced(const proto::WorkerUpdateRequest& req,
-                            proto::WorkerUpdateResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status RegisterDatasetUnsynced(const proto::RegisterDatasetRequest& req,
-                               proto::RegisterDatasetResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetDatasetDefUnsynced(const proto::GetDatasetDefRequest& req,
-                             proto::GetDatasetDefResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetOrCreateJobUnsynced(const proto::GetOrCreateJobRequest& req,
-                              proto::GetOrCreateJobResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetOrCreateIterationUnsynced(const proto::GetOrCreateIterationRequest& req,
-                                    proto::GetOrCreateIterationResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status ClientHeartbeatUnsynced(const proto::ClientHeartbeatRequest& req,
-                               proto::ClientHeartbeatResponse* resp,
-                               const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status ReleaseIterationClientUnsynced(const proto::ReleaseIterationClientRequest& req,
-                                      proto::ReleaseIterationClientResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetWorkersUnsynced(const proto::GetWorkersRequest& req, proto::GetWorkersResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetDataServiceMetadataUnsynced(const proto::GetDataServiceMetadataRequest& req,
-                                      proto::GetDataServiceMetadataResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetDataServiceConfigUnsynced(const proto::GetDataServiceConfigRequest& req,
-                                    proto::GetDataServiceConfigResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status GetSplitUnsynced(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp,
-                        const IsCancelled& cancelled = {}) ABSL_LOCKS_EXCLUDED(mu_);
-  void TickUnsynced() ABSL_LOCKS_EXCLUDED(mu_);
+  using Job = DispatcherState::Job;
+  using Iteration = DispatcherState::Iteration;
+  using Task = DispatcherState::Task;
+  using Worker = DispatcherState::Worker;
 
   // Long polls (control/long_polls.h).
   using PollKey = LongPolls::Key;
+  using PollStep = LongPolls::Step;
+  using PollFn = LongPolls::Fn;
+  using Parked = LongPolls::Parked;
   static PollKey WorkerKey(const std::string& address) { return LongPolls::Worker(address); }
   static PollKey VersionKey(int64_t iteration) { return LongPolls::Version(iteration); }
   static PollKey SplitsKey(int64_t iteration) { return LongPolls::Splits(iteration); }
   // Wakes the polls waiting on `key` (threads, and parked polls through the
   // poll thread). A change that can end a poll's wait must wake its key.
   void WakeLocked(const PollKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every change clients can see bumps the iteration's version, every
-  // change to its splits the split version: these wake their polls.
-  void BumpVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BumpSplitVersionLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  using PollStep = LongPolls::Step;
-  using PollFn = LongPolls::Fn;
-  using Parked = LongPolls::Parked;
+  // A change `iteration`'s clients can see (in which `tasks` changed):
+  // bumps its version (IterationVersions) and wakes its polls.
+  void BumpVersionLocked(int64_t iteration, const std::vector<int64_t>& tasks = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a poll's steps on this thread, waiting between them (the
   // synchronous RPCs, tests).
-  absl::Status RunPollLocked(PollFn& poll, const IsCancelled& cancelled)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RunPoll(absl::StatusOr<PollFn> poll, const IsCancelled& cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void StartPoll(int64_t id, absl::StatusOr<PollFn> poll, PollDone done) ABSL_LOCKS_EXCLUDED(mu_);
   void ParkLocked(int64_t id, Parked parked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<Parked> UnparkLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollThread() ABSL_LOCKS_EXCLUDED(mu_);
   void EnsurePollThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A reply to send once the journal holds every change applied before it
-  // (`target` records): the poll thread writes and sends.
-  struct PendingReply {
-    int64_t target = 0;
-    PollDone done;
-    absl::Status status;
-  };
-  void QueueReplyLocked(PollDone done, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The long polls' steps. WorkerHeartbeatPoll checks a new worker's
   // addresses first, without the lock.
   absl::StatusOr<PollFn> WorkerHeartbeatPoll(const proto::WorkerHeartbeatRequest& req,
                                              proto::WorkerHeartbeatResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status WorkerHeartbeatBeginLocked(const proto::WorkerHeartbeatRequest& req,
-                                          const std::string& transfer_address,
-                                          const std::string& protocol,
-                                          const std::function<bool(const Worker&)>& moved)
+  absl::Status WorkerHeartbeatBeginLocked(const proto::WorkerHeartbeatRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PollFn ClientHeartbeatPoll(const proto::ClientHeartbeatRequest& req,
                              proto::ClientHeartbeatResponse* resp);
@@ -416,87 +319,26 @@ class DispatcherImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PollFn GetSplitPoll(const proto::GetSplitRequest& req, proto::GetSplitResponse* resp);
 
-  // Checks a registering worker's request: InvalidArgument unless its
-  // addresses are dialable host:port and its protocol is grpc or ucx.
-  static absl::Status ValidateRegistration(const proto::WorkerHeartbeatRequest& req);
-
-  // Coordinated reads: joining tasks start this many rounds after the
-  // furthest consumer, so consumers rarely reach the block.
-  static constexpr int64_t kRoundLead = 16;
-  // Coordinated reads: records a consumer's round and moves the joining
-  // tasks of `it` towards their start.
-  void CoordinateLocked(Iteration& it, int64_t consumer_index, int64_t current_round,
+  // Coordinated reads: records a consumer's round (CoordinatedRounds) and
+  // starts the pending tasks of `it` once every consumer agreed.
+  void CoordinateLocked(const Iteration& it, int64_t consumer_index, int64_t current_round,
                         int64_t blocked_round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Applies `rec` and (when a journal is open) queues it for the journal.
   // Unavailable, changing nothing, once the journal has failed.
   absl::Status RecordLocked(const proto::JournalRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Group commit. Every RPC ends here, after releasing mu_: it returns
-  // `reply` once every change applied so far is durable, or Unavailable
-  // if the journal failed (then the dispatcher takes no more changes and
-  // must be restarted: its memory is ahead of its journal). Whichever
-  // caller finds records queued and no writer becomes the writer
-  // (WriteJournalLocked); the others wait for it.
-  absl::Status AwaitDurable(absl::Status reply) ABSL_LOCKS_EXCLUDED(mu_);
-  // Takes the whole queue (or, when the journal has grown enough, a
-  // snapshot of the state instead), writes and syncs it with mu_ released,
-  // then marks it durable and wakes the waiters.
-  void WriteJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes `snapshot` as the compacted journal while appends go on, then
-  // installs it with the records appended meanwhile (compact_thread_).
-  void CompactInBackground(std::vector<std::string> snapshot, uint64_t bytes_before)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Bookkeeping after a snapshot of `records` replaced the journal.
-  void CompactedLocked(const std::vector<std::string>& snapshot, uint64_t bytes_before)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies one update to state_ (live or replayed), then brings what is
+  // kept beside it up to date from the update and its Changes: versions
+  // and polls, liveness, tasks to delete, coordinated rounds.
   absl::Status ApplyLocked(const proto::JournalUpdate& u) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ApplySplitProviderStateLocked(const proto::SplitProviderStateUpdate& u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The state as updates that rebuild it from nothing, in records.
+  // Every RPC ends here, after releasing mu_: `reply` once every change
+  // applied so far is durable (JournalCommitter::AwaitDurable).
+  absl::Status AwaitDurable(absl::Status reply) ABSL_LOCKS_EXCLUDED(mu_);
+  // The state as serialized records that rebuild it from nothing.
   std::vector<std::string> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a CreateTask update (a new task id) for worker `address` to `rec`.
-  void AddCreateTaskLocked(proto::JournalRecord& rec, int64_t iteration_id, bool pending,
-                           const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CreateTaskLocked(const proto::CreateTaskUpdate& u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the worker with `worker_index` should get a task of `it`:
-  // always, except under static sharding once another task completed or is
-  // reading that worker's shard.
-  bool NeedsTaskLocked(const Iteration& it, int64_t worker_index)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `it` reads workers on `host`: always, except under
-  // TARGET_WORKERS_LOCAL, where it reads the hosts of its clients only.
-  bool ReadsHostLocked(const Iteration& it, const std::string& host)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The worker_addresses entry (shard index) a registering worker takes.
-  absl::StatusOr<int64_t> FindShardLocked(const std::string& address)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a worker that joins (or restarts) now gets a task of `it`: not
-  // once it was collected, nor once it finished and every client read it
-  // to the end (tf.data: late joiners get tasks until then).
-  bool AcceptsTasksLocked(const Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishTaskLocked(Task& t, bool lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateFinishedLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveClientLocked(int64_t client_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CollectLocked(Iteration& it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveWorkerLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // distributed_epoch helpers.
-  absl::Status PlanSplitProviderLocked(const Job& job, proto::CreateIterationUpdate* u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AssignSplitLocked(const proto::AssignSplitUpdate& u)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RequeueSplitsLocked(Iteration& it, Task& t, const std::set<int64_t>& ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CompleteSplitLocked(Iteration& it, Task& t, int64_t split_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseSplitsLocked(Task& t, bool requeue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Decides the next split of `epoch` for task `task_id`: true with *assign
-  // filled in, or false with resp saying the epoch ended or that nothing is
-  // available yet.
-  bool PlanSplitLocked(const Iteration& it, int64_t task_id, int64_t epoch,
-                       proto::GetSplitResponse* resp, proto::AssignSplitUpdate* assign)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A fresh id (ids handed out but not yet applied included).
+  int64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DispatcherConfig config_;
   const Clock clock_;
@@ -504,53 +346,30 @@ class DispatcherImpl {
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   LongPolls polls_ ABSL_GUARDED_BY(mu_);
-  std::deque<PendingReply> replies_ ABSL_GUARDED_BY(mu_);  // targets ascending
   absl::CondVar poll_cv_;
   std::thread poll_thread_;
-  // Written by the one writer of the moment (journal_writing_) without mu_;
-  // the pointer is set once, by OpenJournal.
-  std::unique_ptr<JournalWriter> journal_;
-  std::vector<std::string> journal_queue_ ABSL_GUARDED_BY(mu_);  // applied, not yet written
-  int64_t journal_applied_ ABSL_GUARDED_BY(mu_) = 0;  // records queued since start
-  int64_t journal_durable_ ABSL_GUARDED_BY(mu_) = 0;  // ... of them written and synced
-  bool journal_writing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status journal_error_ ABSL_GUARDED_BY(mu_);  // sticky: see AwaitDurable
-  absl::CondVar journal_cv_;                          // a write finished
-  bool compacting_ ABSL_GUARDED_BY(mu_) = false;      // compact_thread_ is writing a snapshot
-  int64_t compact_upto_ ABSL_GUARDED_BY(mu_) = 0;     // the records the snapshot holds
-  std::vector<std::string> retained_ ABSL_GUARDED_BY(mu_);  // written since the snapshot
-  std::thread compact_thread_;
+  // The group commit (the journal in fault_tolerant_mode; open once
+  // OpenJournal ran). It calls back into the dispatcher holding mu_:
+  // SnapshotLocked to compact, and to wake the poll thread after a write.
+  // Its compaction thread takes mu_ and signals poll_cv_, so it is declared
+  // after them (and destroyed, joining that thread, before them).
+  JournalCommitter journal_ ABSL_GUARDED_BY(mu_);
   bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // quiets logs of replayed changes
-  int64_t compaction_min_records_ ABSL_GUARDED_BY(mu_) = kCompactionMinRecords;
-  int64_t records_in_journal_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t records_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t bytes_in_last_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
+  // The durable state: changed only by ApplyLocked.
+  DispatcherState state_ ABSL_GUARDED_BY(mu_);
+  // Ids handed out; at least state_.next_id() (NewIdLocked).
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t next_worker_index_ ABSL_GUARDED_BY(mu_) = 0;
-  // Static sharding: the worker address holding each worker_addresses entry
-  // (empty: never claimed). A claim outlives its worker so that a worker
-  // coming back at the same address reads the same shard.
-  std::vector<std::string> shard_claims_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, DatasetEntry> datasets_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> job_by_name_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Iteration> iterations_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Task> tasks_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Client> clients_ ABSL_GUARDED_BY(mu_);
-  Stats stats_ ABSL_GUARDED_BY(mu_);
+  // Which tasks to create (on state_).
+  const TaskPolicy task_policy_ ABSL_GUARDED_BY(mu_);
+  // Beside the state, transient (not journaled, rebuilt after a restart):
+  // liveness (heartbeat times, idle iterations), the versions long polls
+  // compare, coordinated reads' rounds, and the tasks to delete on each
+  // worker, sent with its next heartbeat reply.
+  Liveness liveness_ ABSL_GUARDED_BY(mu_);
+  IterationVersions versions_ ABSL_GUARDED_BY(mu_);
+  CoordinatedRounds rounds_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<int64_t>> to_delete_ ABSL_GUARDED_BY(mu_);
+  int64_t replayed_records_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
-// Static sharding: the entry of `patterns` (worker_addresses) a worker at
-// `address` ("host:port") takes. An entry equal to the address wins; else
-// the first "host:%port%" entry of the same host for which free(index)
-// holds. nullopt when none matches.
-std::optional<int64_t> MatchWorkerAddress(
-    const std::vector<std::string>& patterns, const std::string& address,
-    const std::function<bool(int64_t)>& free);
-// InvalidArgument unless every entry is host:port or host:%port% and no
-// host:port is listed twice.
-absl::Status ValidateWorkerAddresses(const std::vector<std::string>& patterns);
-
 
 }  // namespace sluice::internal

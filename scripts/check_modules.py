@@ -35,9 +35,13 @@ TOP = {"python", "tools", "perf", "examples"}
 for top in TOP:
     BELOW[top] = set(BELOW) - TOP
 MODULES = set(BELOW)
-# Headers private to their module: the dispatcher's state machine is reached
-# through control/dispatch_server.h.
-PRIVATE = {"control/dispatcher_impl.h"}
+# Headers private to their module: the dispatcher's state machine and its
+# parts are reached through control/dispatch_server.h.
+PRIVATE = {"control/dispatcher_impl.h", "control/dispatcher_state.h",
+           "control/split_provider.h", "control/shard_claims.h",
+           "control/coordinated_rounds.h", "control/iteration_versions.h",
+           "control/journal_committer.h", "control/request_checks.h",
+           "control/task_policy.h", "control/liveness.h"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](?:sluice/)?([a-z_]+)/[^>"]*[>"]')
 SOURCES = (".h", ".cc", ".cu", ".cpp", ".hpp")

@@ -1,0 +1,226 @@
+#include "sluice/control/split_provider.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+#include "sluice/dataset/dataset_internal.h"
+
+namespace sluice::internal {
+
+absl::Status SplitProvider::Describe(const proto::DatasetNode& source,
+                                     int64_t range_split_elements,
+                                     proto::CreateIterationUpdate* u) {
+  auto plan = SplitSourcePositions(source);
+  // NotFound / Unavailable: a ListFiles pattern, globbed here.
+  if (absl::IsNotFound(plan.status()) || absl::IsUnavailable(plan.status())) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("distributed_epoch: ", plan.status().message(),
+                                     " on the dispatcher (it lists the files to split them; "
+                                     "workers and the dispatcher must see the same file system)"));
+  }
+  if (!plan.ok()) return plan.status();
+  u->set_has_splits(true);
+  u->set_positions(plan->positions);
+  u->set_split_elements(plan->multi_position_splits ? std::max<int64_t>(1, range_split_elements)
+                                                     : 1);
+  for (std::string& f : plan->files) u->add_files(std::move(f));
+  return absl::OkStatus();
+}
+
+SplitProvider::SplitProvider(const proto::CreateIterationUpdate& u)
+    : positions_(u.positions()),
+      split_elements_(std::max<int64_t>(1, u.split_elements())),
+      files_(u.files().begin(), u.files().end()) {}
+
+void SplitProvider::DescribeTo(proto::CreateIterationUpdate* u) const {
+  u->set_has_splits(true);
+  u->set_positions(positions_);
+  u->set_split_elements(split_elements_);
+  for (const std::string& f : files_) u->add_files(f);
+}
+
+bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* resp,
+                         proto::AssignSplitUpdate* assign) const {
+  resp->set_epoch_had_splits(positions_ > 0);
+  if (epoch < done_below_) {
+    resp->set_end_of_splits(true);
+    return false;
+  }
+  static const Epoch kFresh;
+  auto found = epochs_.find(epoch);
+  const Epoch& e = found == epochs_.end() ? kFresh : found->second;
+  assign->set_task_id(task);
+  if (!e.queue.empty()) {
+    *assign->mutable_split() = open_.at(e.queue.front()).def;
+    return true;
+  }
+  if (e.next_position < positions_) {
+    proto::SplitProto* def = assign->mutable_split();
+    def->set_epoch(epoch);
+    const int64_t begin = e.next_position;
+    const int64_t end = files_.empty() ? std::min(positions_, begin + split_elements_) : begin + 1;
+    // A file split carries its file and its position in the sorted list
+    // (what seeds random functions on its elements: SourceKey).
+    def->set_begin(begin);
+    def->set_end(end);
+    if (!files_.empty()) def->set_file(files_[begin]);
+    assign->set_created(true);
+    assign->set_next_position(end);
+    return true;
+  }
+  if (e.open == 0) {
+    resp->set_end_of_splits(true);
+  } else {
+    resp->set_not_ready(true);  // others hold the rest: one may be lost
+  }
+  return false;
+}
+
+void SplitProvider::Report(int64_t task, bool lost, const proto::GetSplitRequest& req,
+                           proto::JournalRecord* rec) const {
+  const std::set<int64_t>& held = Held(task);
+  proto::CompleteSplitsUpdate completed;
+  for (int64_t id : req.completed_splits()) {
+    if (held.count(id)) completed.add_split_ids(id);
+  }
+  if (completed.split_ids_size() > 0) {
+    completed.set_task_id(task);
+    *rec->add_updates()->mutable_complete_splits() = std::move(completed);
+  }
+  if (!req.reports_held() || req.report_only() || lost) return;
+  // Splits handed to this task whose reply never reached it.
+  std::set<int64_t> reported(req.held_splits().begin(), req.held_splits().end());
+  reported.insert(req.completed_splits().begin(), req.completed_splits().end());
+  proto::RequeueSplitsUpdate requeue;
+  for (int64_t id : held) {
+    if (!reported.count(id)) requeue.add_split_ids(id);
+  }
+  if (requeue.split_ids_size() == 0) return;
+  spdlog::warn("dispatcher: task {} never received split(s) {}; handing them out again", task,
+               absl::StrJoin(requeue.split_ids(), ","));
+  requeue.set_task_id(task);
+  *rec->add_updates()->mutable_requeue_splits() = std::move(requeue);
+}
+
+absl::Status SplitProvider::Assign(const proto::AssignSplitUpdate& u) {
+  const int64_t id = u.split().split_id();
+  Epoch& e = epochs_[u.split().epoch()];
+  if (u.created()) {
+    if (open_.count(id)) return absl::AlreadyExistsError(absl::StrCat("split ", id, " exists"));
+    OpenSplit o;
+    o.def = u.split();
+    open_.emplace(id, std::move(o));
+    e.next_position = u.next_position();
+    ++e.open;
+  } else {
+    auto q = std::find(e.queue.begin(), e.queue.end(), id);
+    if (q == e.queue.end() || !open_.count(id)) {
+      return absl::NotFoundError(absl::StrCat("split ", id, " is not queued"));
+    }
+    e.queue.erase(q);
+  }
+  open_.at(id).holder_task = u.task_id();
+  held_[u.task_id()].insert(id);
+  return absl::OkStatus();
+}
+
+bool SplitProvider::Complete(int64_t task, int64_t split) {
+  auto o = open_.find(split);
+  // Unknown (completed before) or reassigned since: the report is stale.
+  if (o == open_.end() || o->second.holder_task != task) return false;
+  const int64_t epoch = o->second.def.epoch();
+  open_.erase(o);
+  auto h = held_.find(task);
+  h->second.erase(split);
+  if (h->second.empty()) held_.erase(h);
+  auto e = epochs_.find(epoch);
+  if (e != epochs_.end()) --e->second.open;
+  // Forget epochs that completed, lowest first.
+  while (true) {
+    auto low = epochs_.find(done_below_);
+    if (low == epochs_.end()) break;
+    const Epoch& ep = low->second;
+    if (ep.open > 0 || !ep.queue.empty() || ep.next_position < positions_) break;
+    epochs_.erase(low);
+    ++done_below_;
+  }
+  return true;
+}
+
+void SplitProvider::Enqueue(std::map<int64_t, OpenSplit>::iterator o) {
+  o->second.holder_task = 0;
+  epochs_[o->second.def.epoch()].queue.push_front(o->first);
+}
+
+int64_t SplitProvider::Requeue(int64_t task, const std::set<int64_t>& ids) {
+  auto h = held_.find(task);
+  if (h == held_.end()) return 0;
+  int64_t n = 0;
+  // Highest id first onto the front: the queue then hands them out in order.
+  for (auto r = ids.rbegin(); r != ids.rend(); ++r) {
+    if (!h->second.erase(*r)) continue;
+    Enqueue(open_.find(*r));
+    ++n;
+  }
+  if (h->second.empty()) held_.erase(h);
+  return n;
+}
+
+int64_t SplitProvider::Release(int64_t task, bool requeue, int64_t* completed) {
+  auto h = held_.find(task);
+  if (h == held_.end()) return 0;
+  const std::set<int64_t> held = h->second;
+  if (requeue) return Requeue(task, held);
+  for (int64_t id : held) *completed += Complete(task, id);
+  return 0;
+}
+
+void SplitProvider::Restore(const proto::SplitProviderStateUpdate& u) {
+  done_below_ = u.done_below();
+  epochs_.clear();
+  for (const auto& es : u.epochs()) {
+    Epoch& e = epochs_[es.epoch()];
+    e.queue.assign(es.queue().begin(), es.queue().end());
+    e.next_position = es.next_position();
+    e.open = es.open();
+  }
+  open_.clear();
+  held_.clear();
+  for (const auto& os : u.open()) {
+    const int64_t id = os.split().split_id();
+    open_[id] = OpenSplit{os.split(), os.holder_task()};
+    if (os.holder_task() != 0) held_[os.holder_task()].insert(id);
+  }
+}
+
+void SplitProvider::Save(proto::SplitProviderStateUpdate* u) const {
+  u->set_done_below(done_below_);
+  for (const auto& [e, ep] : epochs_) {
+    auto* es = u->add_epochs();
+    es->set_epoch(e);
+    for (int64_t q : ep.queue) es->add_queue(q);
+    es->set_next_position(ep.next_position);
+    es->set_open(ep.open);
+  }
+  for (const auto& [sid, o] : open_) {
+    auto* os = u->add_open();
+    *os->mutable_split() = o.def;
+    os->set_holder_task(o.holder_task);
+  }
+}
+
+const std::set<int64_t>& SplitProvider::Held(int64_t task) const {
+  static const std::set<int64_t> kNone;
+  auto h = held_.find(task);
+  return h == held_.end() ? kNone : h->second;
+}
+
+std::optional<int64_t> SplitProvider::LowestOpen() const {
+  if (open_.empty()) return std::nullopt;
+  return open_.begin()->first;
+}
+
+}  // namespace sluice::internal

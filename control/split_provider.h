@@ -1,0 +1,116 @@
+// SplitProvider: one distributed_epoch iteration's splits (the glossary's
+// "split", control/dispatcher_impl.h). Internal to control/.
+//
+// An epoch's positions (a Range's elements, a FromTensors' rows, a
+// ListFiles' files) are cut into splits lazily, in order, as tasks ask.
+// A split is open from creation until its holder reports it completed; a
+// lost holder's open splits go back to the front of their epoch's queue and
+// are handed out before new ones. An epoch ends (end_of_splits) only once
+// every split of it completed; epochs below done_below completed and are
+// forgotten.
+//
+// Two halves, as the dispatcher uses them:
+//  - policy (const): Describe plans a provider for a new iteration, Next
+//    decides a task's next split, Report turns a GetSplit request's
+//    completions and the splits it did not receive into updates;
+//  - state changes (DispatcherState::Apply calls them, replaying the
+//    journal's updates): Assign, Complete, Requeue, Release, Restore.
+// Save/Restore are the provider's snapshot (SplitProviderStateUpdate).
+// Not thread-safe; holds no clock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "control/journal.pb.h"
+#include "dataset/dataset.pb.h"
+#include "rpc/service.pb.h"
+
+namespace sluice::internal {
+
+class SplitProvider {
+ public:
+  struct OpenSplit {
+    proto::SplitProto def;
+    int64_t holder_task = 0;  // 0: queued
+  };
+  struct Epoch {
+    std::deque<int64_t> queue;  // open splits to hand out (reassigned ones first)
+    int64_t next_position = 0;  // splits are created lazily from here
+    int64_t open = 0;           // created, not completed
+  };
+
+  // Policy: the provider of a new iteration over `source` (the job's split
+  // source) into `u`: its positions per epoch, the positions per split
+  // (range_split_elements where the source splits into several positions)
+  // and, for ListFiles, the files as listed now. NotFound / Unavailable
+  // when the files cannot be listed here.
+  static absl::Status Describe(const proto::DatasetNode& source, int64_t range_split_elements,
+                               proto::CreateIterationUpdate* u);
+  // The provider `u` describes (has_splits).
+  explicit SplitProvider(const proto::CreateIterationUpdate& u);
+  // Writes what the constructor reads back into `u`.
+  void DescribeTo(proto::CreateIterationUpdate* u) const;
+
+  // Policy: the next split of `epoch` for `task`. True with `assign` filled
+  // in (a queued split, or a new one at the epoch's next position, created
+  // with split_id 0: the caller gives it a fresh id); false with `resp`
+  // saying the epoch ended or that nothing is available yet (others hold
+  // its remaining splits). Sets resp->epoch_had_splits either way.
+  bool Next(int64_t task, int64_t epoch, proto::GetSplitResponse* resp,
+            proto::AssignSplitUpdate* assign) const;
+  // Policy: adds to `rec` what a GetSplit request of `task` reports: the
+  // splits it completed (of those it holds), and, when it fetches and
+  // `reports_held` (and was not `lost`), the splits it holds here but did
+  // not list: their reply never reached it, so they go back to the queue.
+  void Report(int64_t task, bool lost, const proto::GetSplitRequest& req,
+              proto::JournalRecord* rec) const;
+
+  // State changes. Assign: the split `u` describes goes to u.task_id.
+  // AlreadyExists for a created split that exists, NotFound for a queued
+  // one that is not queued.
+  absl::Status Assign(const proto::AssignSplitUpdate& u);
+  // `task` completed `split`: true when it held it (else the report is
+  // stale: completed before, or reassigned since). Forgets completed epochs.
+  bool Complete(int64_t task, int64_t split);
+  // The splits of `ids` that `task` holds go back to the front of their
+  // epochs' queues, in id order; returns how many.
+  int64_t Requeue(int64_t task, const std::set<int64_t>& ids);
+  // `task` ended: its open splits are requeued (it was lost; returns how
+  // many) or completed (it ended on its own, e.g. a Take: it chose not to
+  // read the rest; returns 0). `*completed` counts the completions.
+  int64_t Release(int64_t task, bool requeue, int64_t* completed);
+  // The provider as `u` saved it (epochs, open splits and their holders).
+  void Restore(const proto::SplitProviderStateUpdate& u);
+  void Save(proto::SplitProviderStateUpdate* u) const;
+
+  // The open splits `task` holds.
+  const std::set<int64_t>& Held(int64_t task) const;
+  // The lowest open split id (every split below it completed); nullopt
+  // when none is open.
+  std::optional<int64_t> LowestOpen() const;
+  const std::map<int64_t, OpenSplit>& open() const { return open_; }
+  const std::map<int64_t, Epoch>& epochs() const { return epochs_; }
+  int64_t done_below() const { return done_below_; }
+
+ private:
+  void Enqueue(std::map<int64_t, OpenSplit>::iterator o);
+
+  int64_t positions_ = 0;          // source positions per epoch (files: count)
+  int64_t split_elements_ = 1;     // positions per split
+  std::vector<std::string> files_;  // ListFiles: the matched files, sorted
+  std::map<int64_t, Epoch> epochs_;
+  int64_t done_below_ = 0;  // every epoch below this has completed
+  std::map<int64_t, OpenSplit> open_;
+  // INVARIANT: held_[t] is the set of open splits whose holder_task is t
+  // (no empty sets).
+  std::map<int64_t, std::set<int64_t>> held_;
+};
+
+}  // namespace sluice::internal

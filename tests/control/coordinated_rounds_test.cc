@@ -1,0 +1,55 @@
+// Unit tests of sluice::internal::CoordinatedRounds: choosing the round
+// pending tasks join at, and agreeing on it.
+#include "sluice/control/coordinated_rounds.h"
+
+#include "tests/test_util.h"
+
+namespace sluice::internal {
+namespace {
+
+using Outcome = CoordinatedRounds::Outcome;
+constexpr int64_t kLead = CoordinatedRounds::kRoundLead;
+
+TEST(CoordinatedRoundsTest, PendingTasksJoinOnceEveryConsumerHonoursTheTarget) {
+  CoordinatedRounds r;
+  EXPECT_FALSE(r.Started(1));
+  r.Start(1);
+  EXPECT_TRUE(r.Started(1));
+  EXPECT_EQ(r.Report(1, 0, 5, -1, /*pending=*/false, 2), Outcome::kNone);
+  EXPECT_EQ(r.Report(1, 1, 7, -1, false, 2), Outcome::kNone);
+  EXPECT_EQ(r.Target(1), -1);
+  r.ChooseTarget(1);  // past the furthest consumer
+  EXPECT_EQ(r.Target(1), 7 + kLead);
+  EXPECT_EQ(r.Report(1, 0, 6, -1, true, 2), Outcome::kNone);  // learns the target
+  EXPECT_EQ(r.Report(1, 0, 6, 7 + kLead, true, 2), Outcome::kNone);
+  EXPECT_EQ(r.Report(1, 1, 8, 7 + kLead, true, 2), Outcome::kAllReady);
+  r.Joined(1);
+  EXPECT_EQ(r.Report(1, 1, 8, 7 + kLead, true, 2), Outcome::kNone);  // confirmations start over
+}
+
+TEST(CoordinatedRoundsTest, AConsumerPastTheTargetMovesIt) {
+  CoordinatedRounds r;
+  r.ChooseTarget(1);
+  EXPECT_EQ(r.Target(1), kLead);
+  EXPECT_EQ(r.Report(1, 0, kLead, kLead, true, 2), Outcome::kNone);
+  EXPECT_EQ(r.Report(1, 1, kLead + 3, kLead, true, 2), Outcome::kTargetMoved);
+  EXPECT_EQ(r.Target(1), 2 * kLead + 3);
+  // Consumer 0's confirmation was of the old target.
+  EXPECT_EQ(r.Report(1, 1, kLead + 3, 2 * kLead + 3, true, 2), Outcome::kNone);
+  EXPECT_EQ(r.Report(1, 0, kLead, 2 * kLead + 3, true, 2), Outcome::kAllReady);
+}
+
+TEST(CoordinatedRoundsTest, AConsumerThatLeftNoLongerCounts) {
+  CoordinatedRounds r;
+  r.ChooseTarget(1);
+  EXPECT_EQ(r.Report(1, 0, 0, kLead, true, 2), Outcome::kNone);
+  r.Left(1, 0);
+  EXPECT_EQ(r.Report(1, 1, 0, kLead, true, 2), Outcome::kNone);
+  EXPECT_EQ(r.Report(1, 0, 0, kLead, true, 2), Outcome::kAllReady);
+  r.Forget(1);
+  EXPECT_EQ(r.Target(1), -1);
+  EXPECT_FALSE(r.Started(1));
+}
+
+}  // namespace
+}  // namespace sluice::internal

@@ -1,0 +1,197 @@
+// Unit tests of sluice::internal::SplitProvider: planning splits, handing
+// them out, completing, requeueing and releasing them, and its snapshot.
+#include "sluice/control/split_provider.h"
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sluice/dataset/dataset.h"
+#include "tests/test_util.h"
+
+namespace sluice::internal {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+// A provider over `positions` positions, `per` to a split.
+proto::CreateIterationUpdate Plan(int64_t positions, int64_t per,
+                                  const std::vector<std::string>& files = {}) {
+  proto::CreateIterationUpdate u;
+  u.set_has_splits(true);
+  u.set_positions(positions);
+  u.set_split_elements(per);
+  for (const std::string& f : files) u.add_files(f);
+  return u;
+}
+
+class SplitProviderTest : public ::testing::Test {
+ protected:
+  // Plans the next split of `epoch` for `task` and applies it, as the
+  // dispatcher does: the split handed out, or nullopt with resp_ saying why.
+  std::optional<proto::SplitProto> Take(SplitProvider& p, int64_t task, int64_t epoch = 0) {
+    resp_.Clear();
+    proto::AssignSplitUpdate a;
+    if (!p.Next(task, epoch, &resp_, &a)) return std::nullopt;
+    if (a.created()) a.mutable_split()->set_split_id(next_id_++);
+    EXPECT_OK(p.Assign(a));
+    return a.split();
+  }
+  proto::GetSplitResponse resp_;
+  int64_t next_id_ = 100;
+};
+
+TEST_F(SplitProviderTest, DescribesARangeSourceWithTheConfiguredSplitSize) {
+  proto::CreateIterationUpdate u;
+  ASSERT_OK(SplitProvider::Describe(Dataset::Range(10).def().root(), 4, &u));
+  EXPECT_TRUE(u.has_splits());
+  EXPECT_EQ(u.positions(), 10);
+  EXPECT_EQ(u.split_elements(), 4);
+  proto::CreateIterationUpdate again;
+  SplitProvider(u).DescribeTo(&again);
+  EXPECT_EQ(again.SerializeAsString(), u.SerializeAsString());
+}
+
+TEST_F(SplitProviderTest, CutsAnEpochIntoSplitsInOrderAndEndsItOnceAllCompleted) {
+  SplitProvider p(Plan(10, 4));
+  auto a = Take(p, 1);
+  auto b = Take(p, 2);
+  auto c = Take(p, 1);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(a->begin(), 0);
+  EXPECT_EQ(a->end(), 4);
+  EXPECT_EQ(b->begin(), 4);
+  EXPECT_EQ(c->begin(), 8);
+  EXPECT_EQ(c->end(), 10);  // the last split is short
+  EXPECT_TRUE(resp_.epoch_had_splits());
+  EXPECT_THAT(p.Held(1), ElementsAre(a->split_id(), c->split_id()));
+  // Nothing left to hand out, but task 2 still holds a split: not the end.
+  EXPECT_FALSE(Take(p, 1));
+  EXPECT_TRUE(resp_.not_ready());
+  EXPECT_TRUE(p.Complete(1, a->split_id()));
+  EXPECT_FALSE(p.Complete(2, c->split_id()));  // not its split: a stale report
+  EXPECT_TRUE(p.Complete(1, c->split_id()));
+  EXPECT_TRUE(p.Complete(2, b->split_id()));
+  EXPECT_FALSE(p.Complete(2, b->split_id()));  // completed before
+  EXPECT_FALSE(Take(p, 1));
+  EXPECT_TRUE(resp_.end_of_splits());
+  EXPECT_EQ(p.done_below(), 1);  // the epoch is forgotten
+  EXPECT_THAT(p.epochs(), IsEmpty());
+  EXPECT_EQ(p.LowestOpen(), std::nullopt);
+}
+
+TEST_F(SplitProviderTest, FileSplitsAreOneFileEach) {
+  SplitProvider p(Plan(2, 8, {"/d/a", "/d/b"}));
+  auto a = Take(p, 1);
+  auto b = Take(p, 1);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->file(), "/d/a");
+  EXPECT_EQ(b->file(), "/d/b");
+  EXPECT_EQ(b->begin(), 1);
+  EXPECT_EQ(b->end(), 2);
+}
+
+TEST_F(SplitProviderTest, ALostTasksSplitsAreHandedOutFirstInOrder) {
+  SplitProvider p(Plan(12, 4));
+  auto a = Take(p, 1);
+  auto b = Take(p, 1);
+  ASSERT_TRUE(a && b);
+  int64_t completed = 0;
+  EXPECT_EQ(p.Release(1, /*requeue=*/true, &completed), 2);
+  EXPECT_EQ(completed, 0);
+  EXPECT_THAT(p.Held(1), IsEmpty());
+  EXPECT_EQ(p.LowestOpen(), a->split_id());
+  auto again_a = Take(p, 2);
+  auto again_b = Take(p, 2);
+  auto fresh = Take(p, 2);
+  ASSERT_TRUE(again_a && again_b && fresh);
+  EXPECT_EQ(again_a->split_id(), a->split_id());
+  EXPECT_EQ(again_b->split_id(), b->split_id());
+  EXPECT_EQ(fresh->begin(), 8);
+}
+
+TEST_F(SplitProviderTest, ATaskThatEndsOnItsOwnCompletesWhatItHolds) {
+  SplitProvider p(Plan(8, 4));
+  auto a = Take(p, 1);
+  ASSERT_TRUE(a);
+  int64_t completed = 0;
+  EXPECT_EQ(p.Release(1, /*requeue=*/false, &completed), 0);
+  EXPECT_EQ(completed, 1);
+  EXPECT_THAT(p.open(), IsEmpty());
+}
+
+TEST_F(SplitProviderTest, RequeuesOnlyTheSplitsTheTaskHolds) {
+  SplitProvider p(Plan(12, 4));
+  auto a = Take(p, 1);
+  auto b = Take(p, 2);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(p.Requeue(1, {a->split_id(), b->split_id()}), 1);
+  EXPECT_THAT(p.epochs().at(0).queue, ElementsAre(a->split_id()));
+  EXPECT_THAT(p.Held(2), ElementsAre(b->split_id()));
+}
+
+TEST_F(SplitProviderTest, ReportsCompletionsAndTheSplitsAReplyNeverDelivered) {
+  SplitProvider p(Plan(12, 4));
+  auto a = Take(p, 1);
+  auto b = Take(p, 1);
+  auto c = Take(p, 1);
+  ASSERT_TRUE(a && b && c);
+  proto::GetSplitRequest req;
+  req.add_completed_splits(a->split_id());
+  req.add_completed_splits(999);  // not held: ignored
+  req.add_held_splits(b->split_id());
+  req.set_reports_held(true);
+  proto::JournalRecord rec;
+  p.Report(1, /*lost=*/false, req, &rec);
+  ASSERT_EQ(rec.updates_size(), 2);
+  EXPECT_THAT(rec.updates(0).complete_splits().split_ids(), ElementsAre(a->split_id()));
+  EXPECT_THAT(rec.updates(1).requeue_splits().split_ids(), ElementsAre(c->split_id()));
+  // A lost task, or a report_only request, requeues nothing.
+  rec.Clear();
+  p.Report(1, /*lost=*/true, req, &rec);
+  EXPECT_EQ(rec.updates_size(), 1);
+  rec.Clear();
+  req.set_report_only(true);
+  p.Report(1, /*lost=*/false, req, &rec);
+  EXPECT_EQ(rec.updates_size(), 1);
+}
+
+TEST_F(SplitProviderTest, AssignRefusesWhatDoesNotFit) {
+  SplitProvider p(Plan(12, 4));
+  auto a = Take(p, 1);
+  ASSERT_TRUE(a);
+  proto::AssignSplitUpdate dup;
+  dup.set_task_id(2);
+  *dup.mutable_split() = *a;
+  dup.set_created(true);
+  EXPECT_STATUS(p.Assign(dup), absl::StatusCode::kAlreadyExists, "exists");
+  dup.set_created(false);
+  EXPECT_STATUS(p.Assign(dup), absl::StatusCode::kNotFound, "not queued");
+}
+
+TEST_F(SplitProviderTest, SaveAndRestoreKeepEveryEpochAndHolder) {
+  SplitProvider p(Plan(8, 4));
+  auto a = Take(p, 1);
+  auto b = Take(p, 2);
+  auto c = Take(p, 1, /*epoch=*/1);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_TRUE(p.Complete(1, a->split_id()));
+  EXPECT_EQ(p.Requeue(2, {b->split_id()}), 1);
+  proto::SplitProviderStateUpdate saved;
+  p.Save(&saved);
+  SplitProvider q(Plan(8, 4));
+  q.Restore(saved);
+  proto::SplitProviderStateUpdate again;
+  q.Save(&again);
+  EXPECT_EQ(again.SerializeAsString(), saved.SerializeAsString());
+  EXPECT_THAT(q.Held(1), ElementsAre(c->split_id()));
+  EXPECT_THAT(q.Held(2), IsEmpty());
+  auto next = Take(q, 3);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->split_id(), b->split_id());
+}
+
+}  // namespace
+}  // namespace sluice::internal
