@@ -229,6 +229,11 @@ void DispatcherImpl::SetJournalFaultHookForTesting(
   journal_.SetFaultHookForTesting(mu_, std::move(hook));
 }
 
+void DispatcherImpl::AwaitJournalIdle() {
+  absl::MutexLock l(&mu_);
+  journal_.AwaitIdle(mu_);
+}
+
 absl::Status DispatcherImpl::CompactJournal() {
   absl::MutexLock l(&mu_);
   return journal_.Compact(mu_);

@@ -188,6 +188,9 @@ class DispatcherImpl {
   static constexpr int64_t kCompactionMinRecords = JournalCommitter::kCompactionMinRecords;
   void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until no journal write and no background compaction runs (so a
+  // compaction started by the changes so far has ended).
+  void AwaitJournalIdle() ABSL_LOCKS_EXCLUDED(mu_);
   // Tests: see JournalWriter::SetFaultHookForTesting. Call after OpenJournal.
   void SetJournalFaultHookForTesting(std::function<void(JournalWriter::Stage)> hook)
       ABSL_LOCKS_EXCLUDED(mu_);

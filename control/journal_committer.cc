@@ -206,6 +206,10 @@ void JournalCommitter::SetFaultHookForTesting(absl::Mutex& mu,
   if (is_open()) journal_->SetFaultHookForTesting(std::move(hook));
 }
 
+void JournalCommitter::AwaitIdle(absl::Mutex& mu) {
+  while (writing_ || compacting_) cv_.Wait(&mu);
+}
+
 absl::Status JournalCommitter::Compact(absl::Mutex& mu) {
   if (!is_open()) return absl::FailedPreconditionError("no journal is open");
   while (writing_ || compacting_) cv_.Wait(&mu);

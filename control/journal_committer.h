@@ -116,6 +116,8 @@ class JournalCommitter {
   // Compaction now: waits for a running write or compaction, then rewrites
   // the journal as a snapshot, holding `mu` throughout.
   absl::Status Compact(absl::Mutex& mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits until no write and no background compaction runs.
+  void AwaitIdle(absl::Mutex& mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void SetCompactionMinRecords(int64_t min_records);
   // Tests: see JournalWriter::SetFaultHookForTesting. Waits for a running
   // write. Call after Open.

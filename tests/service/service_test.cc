@@ -1032,19 +1032,21 @@ TEST_P(ServiceTest, DistributedEpochRepeatForeverKeepsArrivingWhenFourOfFiveWork
   DistributeOptions o = Options();
   o.processing_mode = "distributed_epoch";
   ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1).Repeat().Apply(Distribute(o)).MakeIterator());
+  // What ended the stream early ("" when n elements arrived).
   auto take = [&](int n) {
-    return WithHangGuard([&] {
+    return WithHangGuard([&]() -> std::string {
       for (int i = 0; i < n; ++i) {
         auto e = it->Next();
-        if (!e.ok() || !e->has_value()) return false;
-        if ((**e)[0].at<int64_t>(0) != 0) return false;
+        if (!e.ok()) return e.status().ToString();
+        if (!e->has_value()) return absl::StrCat("end of input after ", i, " elements");
+        if ((**e)[0].at<int64_t>(0) != 0) return "an element other than 0";
       }
-      return true;
+      return "";
     });
   };
-  ASSERT_TRUE(take(10));
+  ASSERT_EQ(take(10), "");
   for (int i = 1; i < 5; ++i) workers_[i]->Stop();
-  ASSERT_TRUE(take(30)) << "elements stopped arriving after 4 of 5 workers stopped";
+  ASSERT_EQ(take(30), "") << "elements stopped arriving after 4 of 5 workers stopped";
 }
 
 TEST_P(ServiceTest, DistributedEpochImbalancedWorkersShareByTheirSpeed) {
