@@ -129,7 +129,7 @@ TEST_F(DispatcherStateTest, ATaskIsQueuedForItsWorkerUntilDelivered) {
   EXPECT_THAT(w.tasks, ElementsAre(4));
   EXPECT_THAT(state_.iterations().at(3).tasks, ElementsAre(4));
   ASSERT_OK(Apply("tasks_delivered { worker_address: 'a:1' task_ids: 4 }"));
-  EXPECT_THAT(state_.workers().at("a:1").undelivered, IsEmpty());
+  EXPECT_TRUE(state_.workers().at("a:1").undelivered.empty());
   EXPECT_TRUE(state_.tasks().at(4).delivered);
 }
 
