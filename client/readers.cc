@@ -17,25 +17,85 @@ int64_t TaskOrder::Sent() {
 
 void TaskOrder::Done(int64_t number) { outstanding_.erase(number); }
 
-void TaskOrder::Arrived(int64_t seq, int64_t count, std::vector<Element> elements,
-                        std::deque<std::vector<Element>>* out) {
-  if (seq < next_seq_ || held_.count(seq)) {
-    if (!elements.empty()) out->push_back(std::move(elements));
-    return;
-  }
-  held_.emplace(seq, Held{count, std::move(elements), sent_});
-  Release(out);
+void TaskOrder::Failed(int64_t number) {
+  Done(number);
+  recovering_ = true;
 }
 
-void TaskOrder::Release(std::deque<std::vector<Element>>* out) {
+bool TaskOrder::IsHeld(int64_t seq) const {
+  auto it = held_.upper_bound(seq);
+  if (it == held_.begin()) return false;
+  --it;
+  return seq < it->second.end(it->first);
+}
+
+bool TaskOrder::TakeGivenUp(int64_t seq) {
+  auto it = given_up_.upper_bound(seq);
+  if (it == given_up_.begin()) return false;
+  --it;
+  const auto [start, end] = *it;
+  if (seq >= end) return false;
+  given_up_.erase(it);
+  if (start < seq) given_up_.emplace(start, seq);
+  if (seq + 1 < end) given_up_.emplace(seq + 1, end);
+  return true;
+}
+
+int64_t TaskOrder::Arrived(int64_t seq, Piece piece, std::vector<Piece>* out) {
+  if (piece.elements.empty()) return 0;
+  piece.positions.resize(piece.elements.size());
+  if (seq < 0) {
+    out->push_back(std::move(piece));
+    return 0;
+  }
+  int64_t dropped = 0;
+  Piece late;  // elements of given-up gaps: delivered now
+  Piece run;   // new elements from run_start on: held
+  int64_t run_start = -1;
+  auto take = [&piece](size_t i, Piece* to) {
+    to->elements.push_back(std::move(piece.elements[i]));
+    to->positions.push_back(piece.positions[i]);
+  };
+  auto hold = [&] {
+    if (run.elements.empty()) return;
+    held_.emplace(run_start, Held{std::move(run), sent_});
+    run = Piece();
+  };
+  for (size_t i = 0; i < piece.elements.size(); ++i) {
+    const int64_t s = seq + static_cast<int64_t>(i);
+    if (s < next_seq_) {
+      if (TakeGivenUp(s)) {
+        take(i, &late);
+      } else {
+        ++dropped;
+      }
+    } else if (IsHeld(s)) {
+      hold();
+      ++dropped;
+    } else {
+      if (run.elements.empty()) run_start = s;
+      take(i, &run);
+    }
+  }
+  hold();
+  if (!late.elements.empty()) out->push_back(std::move(late));
+  Release(out);
+  return dropped;
+}
+
+void TaskOrder::Release(std::vector<Piece>* out) {
   while (!held_.empty()) {
     auto first = held_.begin();
-    if (first->first != next_seq_ && !outstanding_.empty() &&
-        *outstanding_.begin() < first->second.horizon) {
-      return;  // an earlier reply may still come
+    if (first->first != next_seq_) {
+      if (recovering_) return;  // the resends fill the gap
+      if (!outstanding_.empty() && *outstanding_.begin() < first->second.horizon) {
+        return;  // an earlier reply may still come
+      }
+      given_up_.emplace(next_seq_, first->first);
+      while (given_up_.size() > kGivenUpKept) given_up_.erase(given_up_.begin());
     }
-    next_seq_ = first->first + first->second.count;
-    if (!first->second.elements.empty()) out->push_back(std::move(first->second.elements));
+    next_seq_ = first->second.end(first->first);
+    out->push_back(std::move(first->second.piece));
     held_.erase(first);
   }
 }
@@ -133,8 +193,11 @@ bool Reader::RetryOrFail(ClientTask& t, const absl::Status& s, absl::Time now,
 // spin. With nothing in flight a request may always wait.
 ClientTask* FcfsReader::Pick(std::map<int64_t, ClientTask>& tasks, int64_t free, absl::Time now,
                              absl::Duration* wait) {
+  // A recovering task is asked by Plan alone; one that answered
+  // end_of_sequence waits for its requests in flight.
   auto readable = [now](const ClientTask& t) {
-    return !t.end_of_sequence && !t.lost && t.retry_after <= now;
+    return !t.end_of_sequence && !t.lost && t.retry_after <= now && !t.eos_pending &&
+           !t.order.recovering();
   };
   int64_t busy = 0;
   for (const auto& [id, t] : tasks) busy += readable(t) && !t.idle;
@@ -165,10 +228,48 @@ ClientTask* FcfsReader::Pick(std::map<int64_t, ClientTask>& tasks, int64_t free,
   return best;
 }
 
+PlannedRequest FcfsReader::Request(ClientTask& t, absl::Duration wait) {
+  PlannedRequest p;
+  p.task_id = t.id;
+  p.transport = t.transport;
+  p.number = t.order.Sent();
+  ElementRequest& req = p.request;
+  req.task_id = t.id;
+  req.consumer_index = options_.consumer_index;
+  req.client_id = options_.client_id;
+  req.max_outstanding = std::min(options_.max_outstanding, kMaxRequestsInFlight);
+  req.shared_job = options_.shared_job;
+  req.max_elements = kMaxElementsPerReply;
+  req.max_bytes = kMaxBytesPerReply;
+  req.wait = wait;
+  if (options_.client_id != 0) {  // the worker keeps replies for named consumers only
+    req.delivered_seq = t.order.delivered();
+    req.resend = t.order.recovering();
+  }
+  // Acknowledged once sent: a lost request's acks are not resent (an ack
+  // counted twice could complete a split too early); the worker's ack
+  // timeout covers them.
+  while (!t.unacked.empty() && req.acks.size() < kMaxAcksPerRequest) {
+    req.acks.push_back({t.unacked.begin()->first, t.unacked.begin()->second});
+    t.unacked.erase(t.unacked.begin());
+  }
+  ++t.in_flight;
+  ++in_flight_;
+  return p;
+}
+
 std::vector<PlannedRequest> FcfsReader::Plan(std::map<int64_t, ClientTask>& tasks,
                                              absl::Time now) {
   std::vector<PlannedRequest> out;
   if (!error_.ok()) return out;
+  // A recovering task asks for its resends one request at a time, whatever
+  // the free slots: its held replies may be what fills them.
+  for (auto& [id, t] : tasks) {
+    if (t.order.recovering() && t.in_flight == 0 && !t.lost && !t.end_of_sequence &&
+        t.retry_after <= now && in_flight_ < kMaxRequestsInFlight) {
+      out.push_back(Request(t, options_.element_wait));
+    }
+  }
   while (true) {
     const int64_t free = options_.max_outstanding - static_cast<int64_t>(results_.size()) -
                          held_ - in_flight_;
@@ -176,31 +277,46 @@ std::vector<PlannedRequest> FcfsReader::Plan(std::map<int64_t, ClientTask>& task
     absl::Duration wait;
     ClientTask* t = Pick(tasks, free, now, &wait);
     if (t == nullptr) break;
-    PlannedRequest p;
-    p.task_id = t->id;
-    p.transport = t->transport;
-    p.number = t->order.Sent();
-    ElementRequest& req = p.request;
-    req.task_id = t->id;
-    req.consumer_index = options_.consumer_index;
-    req.client_id = options_.client_id;
-    req.max_outstanding = std::min(options_.max_outstanding, kMaxRequestsInFlight);
-    req.shared_job = options_.shared_job;
-    req.max_elements = kMaxElementsPerReply;
-    req.max_bytes = kMaxBytesPerReply;
-    req.wait = wait;
-    // Acknowledged once sent: a lost request's acks are not resent (an ack
-    // counted twice could complete a split too early); the worker's ack
-    // timeout covers them.
-    while (!t->unacked.empty() && req.acks.size() < kMaxAcksPerRequest) {
-      req.acks.push_back({t->unacked.begin()->first, t->unacked.begin()->second});
-      t->unacked.erase(t->unacked.begin());
-    }
-    ++t->in_flight;
-    ++in_flight_;
-    out.push_back(std::move(p));
+    out.push_back(Request(*t, wait));
   }
   return out;
+}
+
+void FcfsReader::Deliver(ClientTask& t, std::vector<Piece> pieces) {
+  for (Piece& piece : pieces) {
+    std::vector<Element> fresh;
+    fresh.reserve(piece.elements.size());
+    for (size_t i = 0; i < piece.elements.size(); ++i) {
+      const SplitPosition pos = i < piece.positions.size() ? piece.positions[i] : SplitPosition{};
+      if (pos.split_id > 0) ++t.unacked[pos.split_id];
+      if (dedup_.FirstDelivery(pos.split_id, pos.index)) {
+        fresh.push_back(std::move(piece.elements[i]));
+      } else {
+        counters_.duplicates++;  // a reassigned split's element we already have
+      }
+    }
+    if (!fresh.empty()) results_.push_back(std::move(fresh));
+  }
+}
+
+void FcfsReader::FinishEndOfSequence(ClientTask& t) {
+  t.eos_pending = false;
+  if (t.eos_total < 0 || options_.client_id == 0 || t.order.Complete(t.eos_total)) {
+    t.end_of_sequence = true;
+    return;
+  }
+  if (!t.eos_after_resend) {
+    // Handed out, never arrived, and no failure seen: ask for them.
+    t.order.StartRecovery();
+    return;
+  }
+  // The worker had nothing to resend, yet the elements never arrived.
+  t.end_of_sequence = true;
+  if (error_.ok()) {
+    error_ = absl::DataLossError(absl::StrCat(
+        "task ", t.id, " on worker ", t.worker, " handed this consumer ", t.eos_total,
+        " elements, but only the first ", t.order.delivered(), " arrived"));
+  }
 }
 
 void FcfsReader::OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequest& sent,
@@ -211,11 +327,17 @@ void FcfsReader::OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequ
   ClientTask& t = it->second;
   --t.in_flight;
   const int64_t held_before = t.order.held();
-  t.order.Done(sent.number);
+  std::vector<Piece> ready;
   if (r.ok()) {
+    t.order.Done(sent.number);
     t.failures = 0;
+    // A resend the worker had nothing for: it handed out nothing more than
+    // what arrived.
+    if (sent.request.resend && !r->resent) t.order.EndRecovery();
     if (r->end_of_sequence) {
-      t.end_of_sequence = true;
+      t.eos_pending = true;
+      t.eos_total = r->seq;
+      t.eos_after_resend = sent.request.resend;
     } else if (r->not_ready || r->elements.empty()) {
       t.idle = true;
     } else {
@@ -225,28 +347,31 @@ void FcfsReader::OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequ
       t.received += n;
       counters_.elements += n;
       counters_.bytes += static_cast<int64_t>(r->bytes);
-      std::vector<Element> fresh;
-      fresh.reserve(r->elements.size());
-      for (size_t i = 0; i < r->elements.size(); ++i) {
-        SplitPosition pos = i < r->positions.size() ? r->positions[i] : SplitPosition{};
-        if (pos.split_id > 0) ++t.unacked[pos.split_id];
-        if (dedup_.FirstDelivery(pos.split_id, pos.index)) {
-          fresh.push_back(std::move(r->elements[i]));
-        } else {
-          counters_.duplicates++;  // a reassigned split's element we already have
-        }
-      }
-      t.order.Arrived(r->seq, n, std::move(fresh), &results_);
+      Piece piece{std::move(r->elements), std::move(r->positions)};
+      counters_.duplicates += t.order.Arrived(r->seq, std::move(piece), &ready);
     }
-  } else if (!t.lost) {
-    RetryOrFail(t, r.status(), now, "a request");
+  } else if (!t.lost && RetryOrFail(t, r.status(), now, "a request") &&
+             options_.client_id != 0) {
+    t.order.Failed(sent.number);  // its reply may be lost: ask the worker to resend
+  } else {
+    t.order.Done(sent.number);
   }
-  t.order.Release(&results_);
+  if (t.lost) t.order.EndRecovery();
+  t.order.Release(&ready);
+  if (t.eos_pending && t.in_flight == 0) FinishEndOfSequence(t);
+  Deliver(t, std::move(ready));
   held_ += t.order.held() - held_before;
   if (t.lost && t.in_flight == 0) dedup_.SetWatermark(watermark_, LostTaskInFlight(tasks));
 }
 
 void FcfsReader::OnTaskLost(std::map<int64_t, ClientTask>& tasks, ClientTask& t) {
+  // Nothing will fill its gaps now: deliver what it holds.
+  const int64_t held_before = t.order.held();
+  std::vector<Piece> ready;
+  t.order.EndRecovery();
+  t.order.Release(&ready);
+  Deliver(t, std::move(ready));
+  held_ += t.order.held() - held_before;
   dedup_.SetWatermark(watermark_, LostTaskInFlight(tasks));
 }
 

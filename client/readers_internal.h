@@ -31,46 +31,78 @@
 
 namespace sluice::internal {
 
-// Per-task order. The worker numbers the elements it hands this consumer
-// from a task (a reply's seq is its first element's) in production order,
-// but replies of concurrent requests arrive in any order: a reply is held
-// until the replies before it were delivered. A reply with no seq (-1), or
-// one behind what was delivered, is delivered as it comes (never dropped).
+// Received elements with their split positions (parallel; positions may
+// be empty: untracked).
+struct Piece {
+  std::vector<Element> elements;
+  std::vector<SplitPosition> positions;
+};
+
+// Per-task order and redelivery. The worker numbers the elements it hands
+// this consumer from a task (a reply's seq is its first element's) in
+// production order, but replies of concurrent requests arrive in any
+// order: a reply is held until the replies before it were delivered. A
+// reply with no seq (-1) is delivered as it comes.
 //
-// A gap below the first held reply is given up when no request that can
-// fill it is left: the worker handed out the missing elements before that
-// reply, so to a request sent before it arrived (numbered below its
-// horizon); once none of those is in flight, the missing reply was lost
-// (the worker died, the request failed or was cancelled after the worker
-// had taken its elements) and waiting longer would stall the task forever.
+// Lost replies. A request that fails in transit (Failed) may have lost a
+// reply whose elements the worker had already handed out. The task then
+// recovers: its requests ask the worker to resend from delivered() on
+// (ElementRequest::resend), which fills the gaps one reply at a time,
+// until the worker has nothing to resend (EndRecovery). Elements received
+// twice (a slow reply and its resend) are dropped.
+//
+// Outside a recovery, a gap below the first held reply is given up when no
+// request that can fill it is left: the worker handed out the missing
+// elements before that reply, so to a request sent before it arrived
+// (numbered below its horizon); once none of those is in flight, the
+// missing reply is gone for good (the worker died, or the request was
+// cancelled) and waiting longer would stall the task forever. An element
+// of a given-up gap that arrives late is still delivered.
 class TaskOrder {
  public:
   // A request is sent; returns its number (sending order).
   int64_t Sent();
-  // Request `number` is over (its reply arrived or it failed).
+  // Request `number` is over (its reply arrived or it was cancelled).
   void Done(int64_t number);
-  // A reply of `count` elements from `seq` (`elements`: those kept after
-  // deduplication); appends what is deliverable now to `out`.
-  void Arrived(int64_t seq, int64_t count, std::vector<Element> elements,
-               std::deque<std::vector<Element>>* out);
+  // Request `number` failed in transit: Done, and recover.
+  void Failed(int64_t number);
+  // A reply's elements from `seq` (`piece`); appends what is deliverable
+  // now to `out`. Returns how many elements were dropped as received
+  // before.
+  int64_t Arrived(int64_t seq, Piece piece, std::vector<Piece>* out);
   // Delivers held replies whose gap can no longer be filled (see above);
-  // call after Done().
-  void Release(std::deque<std::vector<Element>>* out);
+  // call after Done() and EndRecovery().
+  void Release(std::vector<Piece>* out);
+
+  void StartRecovery() { recovering_ = true; }
+  void EndRecovery() { recovering_ = false; }
+  bool recovering() const { return recovering_; }
+  // Every element below it was delivered (or given up).
+  int64_t delivered() const { return next_seq_; }
+  // Whether all of the first `total` elements were delivered or given up.
+  bool Complete(int64_t total) const { return held_.empty() && next_seq_ >= total; }
   // Replies held back (they count against max_outstanding_requests).
   int64_t held() const { return static_cast<int64_t>(held_.size()); }
   int64_t outstanding() const { return static_cast<int64_t>(outstanding_.size()); }
 
  private:
   struct Held {
-    int64_t count = 0;
-    std::vector<Element> elements;
+    Piece piece;
     int64_t horizon = 0;  // requests sent when it arrived
+    int64_t end(int64_t seq) const { return seq + static_cast<int64_t>(piece.elements.size()); }
   };
+  bool IsHeld(int64_t seq) const;
+  bool TakeGivenUp(int64_t seq);
+
   int64_t next_seq_ = 0;
   int64_t sent_ = 0;
-  std::map<int64_t, Held> held_;
+  bool recovering_ = false;
+  std::map<int64_t, Held> held_;  // by first seq; disjoint, above next_seq_
   std::set<int64_t> outstanding_;
-  // INVARIANT: held_ is empty when outstanding_ is (Release after Done).
+  // Given-up gaps below next_seq_ (start -> end), the latest
+  // kGivenUpKept.
+  static constexpr size_t kGivenUpKept = 256;
+  std::map<int64_t, int64_t> given_up_;
 };
 
 // distributed_epoch: which (split, index) were delivered. Splits below the
@@ -106,6 +138,12 @@ struct ClientTask {
   bool lost = false;
   int64_t received = 0;
   int64_t in_flight = 0;
+  // The worker answered end_of_sequence, having handed this consumer
+  // eos_total elements (-1: it did not say), while replies were in flight
+  // or missing: the task ends once they are all delivered.
+  bool eos_pending = false;
+  int64_t eos_total = -1;
+  bool eos_after_resend = false;  // it answered a resend request
   int failures = 0;
   absl::Time retry_after = absl::InfinitePast();
   bool idle = false;  // its last reply was not_ready
@@ -206,6 +244,15 @@ class FcfsReader final : public Reader {
  private:
   ClientTask* Pick(std::map<int64_t, ClientTask>& tasks, int64_t free, absl::Time now,
                    absl::Duration* wait);
+  // A request to `t` (counted in flight).
+  PlannedRequest Request(ClientTask& t, absl::Duration wait);
+  // Acknowledges `pieces`' split elements, drops those of reassigned
+  // splits already delivered, and queues the rest for Next().
+  void Deliver(ClientTask& t, std::vector<Piece> pieces);
+  // The worker said end_of_sequence and nothing is in flight: the task ends
+  // if everything it handed out arrived; otherwise it recovers, or fails
+  // with DataLoss when a recovery found nothing to resend.
+  void FinishEndOfSequence(ClientTask& t);
   bool LostTaskInFlight(const std::map<int64_t, ClientTask>& tasks) const;
 
   const ReaderOptions options_;

@@ -66,6 +66,7 @@ struct ServedBatch {
   int64_t seq = -1;
   bool end_of_sequence = false;
   bool not_ready = false;
+  bool resent = false;  // see ElementResult::resent
 };
 // Produces the answer to one request; may block up to request.wait. Called
 // on a server's own threads, never on a transport's event thread.

@@ -58,6 +58,16 @@ struct ElementRequest {
   int64_t max_bytes = 0;
   // At most kMaxAcksPerRequest, for this task.
   std::vector<SplitAck> acks;
+  // Redelivery (first come, first served; client_id != 0): the consumer
+  // holds every element of the task below `delivered_seq` (-1: says
+  // nothing), so the worker may forget those it kept for redelivery. With
+  // `resend`, a reply may have been lost in transit: the worker answers
+  // with the elements it handed this consumer from delivered_seq on, at
+  // most to the end of the reply that first carried them (ElementResult::
+  // resent), or DataLoss when it no longer holds them; with none to
+  // resend it answers as usual.
+  int64_t delivered_seq = -1;
+  bool resend = false;
 };
 
 struct SplitPosition {
@@ -72,9 +82,13 @@ struct ElementResult {
   std::vector<Element> elements;
   // The consumer's sequence number (see ElementRequest::client_id) of
   // elements[0]; the others follow it (seq + 1, ...). A client delivers a
-  // task's replies in seq order. -1 without elements, or when the worker
-  // keeps no order for the request (coordinated rounds).
+  // task's replies in seq order. With end_of_sequence: how many elements
+  // the worker handed this consumer in all. -1 otherwise, or when the
+  // worker keeps no order for the request (coordinated rounds).
   int64_t seq = -1;
+  // The elements were handed out before, in a reply that may have been
+  // lost (ElementRequest::resend).
+  bool resent = false;
   size_t bytes = 0;  // frame bytes received
   // Parallel to `elements`: for distributed_epoch (split-tracked
   // pipelines) the split each element came from and its index in that

@@ -81,6 +81,8 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     r.client_id = req->client_id();
     r.max_outstanding = std::max<int64_t>(1, req->max_outstanding());
     r.shared_job = req->shared_job();
+    r.delivered_seq = req->delivered_seq();
+    r.resend = req->resend();
     const int acks = std::min<int>({req->ack_split_ids_size(), req->ack_counts_size(),
                                     static_cast<int>(kMaxAcksPerRequest)});
     for (int i = 0; i < acks; ++i) r.acks.push_back({req->ack_split_ids(i), req->ack_counts(i)});
@@ -93,7 +95,8 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     resp->set_not_ready(served->not_ready);
     resp->set_split_id(-1);
     resp->set_split_index(-1);
-    resp->set_seq(-1);
+    resp->set_seq(served->end_of_sequence ? served->seq : -1);
+    resp->set_resent(served->resent);
     if (!served->frames.empty()) {
       // One element per call: the request asks for one (max_elements is
       // not on the gRPC path), so a source answers with one.

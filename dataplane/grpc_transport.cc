@@ -69,6 +69,8 @@ class GrpcElementTransport final : public ElementTransport {
     req.set_client_id(request.client_id);
     req.set_max_outstanding(request.max_outstanding);
     req.set_shared_job(request.shared_job);
+    req.set_delivered_seq(request.delivered_seq);
+    req.set_resend(request.resend);
     for (const SplitAck& a : request.acks) {
       req.add_ack_split_ids(a.split_id);
       req.add_ack_counts(a.count);
@@ -126,7 +128,9 @@ class GrpcElementTransport final : public ElementTransport {
     ElementResult out;
     out.end_of_sequence = resp.end_of_sequence();
     out.not_ready = resp.not_ready();
+    if (out.end_of_sequence) out.seq = resp.seq();
     if (out.end_of_sequence || out.not_ready) return out;
+    out.resent = resp.resent();
     auto frame = std::make_shared<std::string>(std::move(*resp.mutable_frame()));
     out.bytes = frame->size();
     const auto* data = reinterpret_cast<const uint8_t*>(frame->data());

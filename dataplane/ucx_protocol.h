@@ -1,7 +1,7 @@
-// The UCX element transfer protocol (active messages), version 4. Internal.
+// The UCX element transfer protocol (active messages), version 5. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
-// data; its header (72 bytes, little-endian), the token, then the acks:
+// data; its header (80 bytes, little-endian), the token, then the acks:
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'G' 'E'                            |
@@ -18,11 +18,14 @@
 //   | 60     | 2    | max_outstanding: how many requests this consumer |
 //   |        |      | may have in flight at once (>= 1; fair share)    |
 //   | 62     | 2    | request flags: bit0 shared job (other consumers  |
-//   |        |      | may read the task)                               |
+//   |        |      | may read the task), bit1 eager small replies,    |
+//   |        |      | bit2 resend (ElementRequest::resend)             |
 //   | 64     | 8    | client_id: the consumer (iteration client; 0:    |
 //   |        |      | anonymous); keys its sequence numbers            |
-//   | 72     | t    | the auth token (the service's shared secret)     |
-//   | 72+t   | 16*n | acks (distributed_epoch): split_id, count (each  |
+//   | 72     | 8    | delivered_seq: the consumer holds every element  |
+//   |        |      | of the task below it (-1: says nothing)          |
+//   | 80     | t    | the auth token (the service's shared secret)     |
+//   | 80+t   | 16*n | acks (distributed_epoch): split_id, count (each  |
 //   |        |      | 8 bytes): the client received count more         |
 //   |        |      | elements of that split from the task             |
 // A worker with an auth token answers a request whose token differs (by a
@@ -32,7 +35,8 @@
 // without magic is dropped. Version 3 added the token and the acks
 // (version 2 had a 56-byte header); version 4 added max_outstanding, the
 // request flags and client_id (version 3 had a 64-byte header) and the
-// reply's seq.
+// reply's seq; version 5 added delivered_seq, the resend flag and the
+// reply's resent flag (version 4 had a 72-byte header).
 //
 // Worker -> client: AM kElementAm on the reply endpoint; header (56 bytes)
 // followed by `inline_len` bytes:
@@ -40,7 +44,8 @@
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'E' 'L'                            |
 //   | 4      | 2    | flags: bit0 end_of_sequence, bit1 not_ready,     |
-//   |        |      | bit2 error, bit3 batch, bit4 split frame         |
+//   |        |      | bit2 error, bit3 batch, bit4 split frame, bit5   |
+//   |        |      | resent (ElementResult::resent)                   |
 //   | 6      | 2    | reserved (0)                                     |
 //   | 8      | 8    | request_id                                       |
 //   | 16     | 4    | status code (absl::StatusCode) when bit2         |
@@ -50,8 +55,10 @@
 //   | 40     | 8    | index of the element in its split (-1: none)     |
 //   | 48     | 8    | seq: the consumer's sequence number of the first |
 //   |        |      | element carried (the others follow it: seq+1,    |
-//   |        |      | ...); -1 for a reply without elements or when    |
-//   |        |      | the worker keeps no order (coordinated rounds)   |
+//   |        |      | ...); with end_of_sequence the number handed to  |
+//   |        |      | the consumer in all; otherwise -1 without        |
+//   |        |      | elements or when the worker keeps no order       |
+//   |        |      | (coordinated rounds)                             |
 //   | 56     | m    | inline bytes: the error message (bit2) or the    |
 //   |        |      | frame header (bit4)                              |
 // The AM data is sent rendezvous (UCP_AM_SEND_FLAG_RNDV) so that it lands
@@ -85,7 +92,7 @@ inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
 inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
-inline constexpr uint32_t kProtocolVersion = 4;
+inline constexpr uint32_t kProtocolVersion = 5;
 inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxBatchElements = 1024;
 
@@ -96,6 +103,7 @@ enum RequestFlags : uint16_t {
   // rendezvous (RTS, RTR, data, acknowledgement: several messages and
   // thread wake-ups each). Workers that do not know the flag ignore it.
   kRequestEagerSmallReplies = 1u << 1,
+  kRequestResend = 1u << 2,
 };
 inline constexpr size_t kEagerReplyBytes = 4096;
 
@@ -105,6 +113,7 @@ enum ReplyFlags : uint16_t {
   kReplyError = 1u << 2,
   kReplyBatch = 1u << 3,
   kReplySplitFrame = 1u << 4,
+  kReplyResent = 1u << 5,
 };
 
 struct RequestHeader {
@@ -122,10 +131,12 @@ struct RequestHeader {
   uint16_t max_outstanding;
   uint16_t flags;  // RequestFlags
   int64_t client_id;
+  int64_t delivered_seq;
 };
-static_assert(sizeof(RequestHeader) == 72);
+static_assert(sizeof(RequestHeader) == 80);
 static_assert(offsetof(RequestHeader, token_len) == 56 && offsetof(RequestHeader, flags) == 62 &&
-              offsetof(RequestHeader, client_id) == 64);
+              offsetof(RequestHeader, client_id) == 64 &&
+              offsetof(RequestHeader, delivered_seq) == 72);
 struct AckEntry {
   int64_t split_id;
   int64_t count;

@@ -225,6 +225,8 @@ struct UcxElementServer::Impl {
     job.request.client_id = h.client_id;
     job.request.max_outstanding = std::max<int64_t>(1, h.max_outstanding);
     job.request.shared_job = h.flags & ucx::kRequestSharedJob;
+    job.request.resend = h.flags & ucx::kRequestResend;
+    job.request.delivered_seq = h.delivered_seq;
     job.eager_small = h.flags & ucx::kRequestEagerSmallReplies;
     const auto* acks = static_cast<const uint8_t*>(header) + sizeof(RequestHeader) + h.token_len;
     for (uint32_t i = 0; i < h.ack_count; ++i) {
@@ -257,7 +259,7 @@ struct UcxElementServer::Impl {
       h.request_id = job.request_id;
       h.split_id = -1;
       h.split_index = -1;
-      h.seq = r.ok() && !r->frames.empty() ? r->seq : -1;
+      h.seq = r.ok() && (!r->frames.empty() || r->end_of_sequence) ? r->seq : -1;
       if (!r.ok()) {
         h.flags = ucx::kReplyError;
         h.code = static_cast<uint32_t>(r.status().code());
@@ -280,10 +282,11 @@ struct UcxElementServer::Impl {
           out->memh = f.memh;
         }
         out->frames = std::move(r->frames);
+        if (r->resent) h.flags |= ucx::kReplyResent;
       } else {
         absl::Status s = PackBatch(r->frames, out.get());
         if (s.ok()) {
-          h.flags = ucx::kReplyBatch;
+          h.flags = ucx::kReplyBatch | (r->resent ? ucx::kReplyResent : 0);
           g_batched_replies++;
         } else {
           h.flags = ucx::kReplyError;

@@ -136,6 +136,7 @@ struct Pending {
   size_t data_size = 0;     // bytes received after header_bytes
   SplitPosition position;   // of a single element
   int64_t seq = -1;         // of the first element
+  bool resent = false;      // ElementResult::resent
   uint64_t max_element_bytes = 0;  // a larger reply is refused unreceived
   std::string peer;                // the worker's address, for errors
 };
@@ -491,6 +492,7 @@ class UcxClient {
     }
     r.bytes = received;
     r.seq = p->seq;
+    r.resent = p->resent;
     Counters().elements += static_cast<int64_t>(r.elements.size());
     Counters().bytes += static_cast<int64_t>(received);
     p->buffer.reset();  // the tensors hold it now
@@ -524,6 +526,7 @@ class UcxClient {
       ElementResult r;
       r.end_of_sequence = h.flags & ucx::kReplyEndOfSequence;
       r.not_ready = h.flags & ucx::kReplyNotReady;
+      if (r.end_of_sequence) r.seq = h.seq;
       Complete(p, std::move(r));
       return drop();
     }
@@ -537,6 +540,7 @@ class UcxClient {
       return drop();
     }
     p->kind = h.flags & (ucx::kReplySplitFrame | ucx::kReplyBatch);
+    p->resent = h.flags & ucx::kReplyResent;
     if (p->kind == (ucx::kReplySplitFrame | ucx::kReplyBatch) ||
         (p->kind == ucx::kReplySplitFrame && (inline_len == 0 || inline_len % 64 != 0))) {
       Complete(p, BadReply("inconsistent reply flags"));
@@ -670,6 +674,8 @@ class UcxElementTransport final : public ElementTransport {
     h.flags = (request.shared_job ? ucx::kRequestSharedJob : 0) |
               (eager_small_replies_ ? ucx::kRequestEagerSmallReplies : 0);
     h.client_id = request.client_id;
+    h.delivered_seq = request.delivered_seq;
+    if (request.resend) h.flags |= ucx::kRequestResend;
     h.token_len = static_cast<uint16_t>(token_.size());
     h.ack_count = static_cast<uint16_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
     std::string tail = token_;

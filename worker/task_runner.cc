@@ -119,10 +119,79 @@ int64_t TaskRunner::BatchLimitLocked(const ElementRequest& request, absl::Time n
   return std::clamp<int64_t>(share, 1, limit);
 }
 
+namespace {
+size_t BatchBytes(const ServedBatch& b) {
+  size_t bytes = 0;
+  for (const FrameBuffer& f : b.frames) bytes += f.frame_size();
+  return bytes;
+}
+}  // namespace
+
+void TaskRunner::RetainLocked(Consumer& consumer, const ServedBatch& batch) {
+  consumer.retained.push_back(batch);  // shares the frames' memory, no copy
+  consumer.retained_bytes += BatchBytes(batch);
+  while (consumer.retained.size() > 1 && consumer.retained_bytes > kMaxRetainedBytes) {
+    consumer.retained_bytes -= BatchBytes(consumer.retained.front());
+    consumer.retained.pop_front();
+    consumer.retained_from = consumer.retained.front().seq;
+  }
+}
+
+void TaskRunner::ForgetDeliveredLocked(Consumer& consumer, int64_t delivered_seq) {
+  while (!consumer.retained.empty()) {
+    const ServedBatch& b = consumer.retained.front();
+    if (b.seq + static_cast<int64_t>(b.frames.size()) > delivered_seq) break;
+    consumer.retained_bytes -= BatchBytes(b);
+    consumer.retained.pop_front();
+  }
+  consumer.retained_from = std::max(
+      consumer.retained_from,
+      consumer.retained.empty() ? std::min(delivered_seq, consumer.next_seq)
+                                : consumer.retained.front().seq);
+}
+
+std::optional<absl::StatusOr<ServedBatch>> TaskRunner::ResendLocked(
+    const Consumer& consumer, const ElementRequest& request) const {
+  const int64_t from = request.delivered_seq;
+  if (from >= consumer.next_seq) return std::nullopt;  // nothing handed out since
+  if (from < consumer.retained_from) {
+    return absl::StatusOr<ServedBatch>(absl::DataLossError(absl::StrCat(
+        "task ", def_.task_id(), ": elements ", from, " to ", consumer.retained_from - 1,
+        " that this worker handed consumer ", request.client_id,
+        " were lost in transit and are no longer kept for redelivery (a consumer's kept "
+        "replies are bounded by ",
+        kMaxRetainedBytes >> 20, " MiB)")));
+  }
+  for (const ServedBatch& b : consumer.retained) {
+    const int64_t end = b.seq + static_cast<int64_t>(b.frames.size());
+    if (from >= end) continue;
+    ServedBatch out;
+    out.resent = true;
+    out.seq = from;
+    const int64_t limit = std::max<int64_t>(1, request.max_elements);
+    for (int64_t s = from; s < end && s - from < limit; ++s) {
+      out.frames.push_back(b.frames[static_cast<size_t>(s - b.seq)]);
+    }
+    return absl::StatusOr<ServedBatch>(std::move(out));
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
                                                  absl::Duration wait) {
   absl::MutexLock l(&mu_);
   Consumer& consumer = consumers_[request.client_id];  // map: the reference stays valid
+  // Redelivery needs to tell consumers apart: not for anonymous ones.
+  const bool redeliver = request.client_id != 0;
+  if (redeliver && request.delivered_seq >= 0) {
+    ForgetDeliveredLocked(consumer, request.delivered_seq);
+  }
+  if (redeliver && request.resend) {
+    if (auto resent = ResendLocked(consumer, request)) {
+      consumer.last_seen = absl::Now();
+      return *std::move(resent);
+    }
+  }
   ++consumer.serving;
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || !buffer_.empty() || produced_all_ || !error_.ok();
@@ -151,12 +220,14 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
     consumer.next_seq += static_cast<int64_t>(out.frames.size());
     counters_.served_elements += static_cast<int64_t>(out.frames.size());
     counters_.served_bytes += static_cast<int64_t>(bytes);
+    if (redeliver) RetainLocked(consumer, out);
     return out;
   }
   if (!error_.ok()) return error_;
   if (stop_) return absl::CancelledError(absl::StrCat("task ", def_.task_id(), " was stopped"));
   if (produced_all_) {
     out.end_of_sequence = true;
+    out.seq = consumer.next_seq;
     return out;
   }
   out.not_ready = true;

@@ -8,6 +8,14 @@
 // seq is its first element's number), so a client with several requests
 // in flight can restore that order whatever order the replies arrive in.
 //
+// Redelivery: a reply can be lost in transit after the runner handed its
+// elements out (a connection that drops it, a request timing out). The
+// runner keeps each consumer's replies, as handed out, until the consumer
+// says it holds them (ElementRequest::delivered_seq, on every request), and
+// resends them when asked (ElementRequest::resend). What it keeps is bounded
+// by kMaxRetainedBytes per consumer; what it had to forget, it reports as
+// DataLoss when asked for, never as silence.
+//
 // The buffer holds up to `buffer_elements` encoded elements; small ones may
 // run ahead further, up to kSmallBufferBytes of frames (at most
 // kMaxBufferedElements), so that a batched request finds a batch ready.
@@ -50,6 +58,11 @@ class TaskRunner {
   // request.max_elements bounded by the consumer's fair share (below);
   // split (zero-copy) frames are never batched with others. The batch's
   // seq numbers its first element among those handed to this consumer.
+  // Redelivery (see the top): request.delivered_seq forgets what the
+  // consumer holds; request.resend answers at once with the elements kept
+  // from delivered_seq on (within the reply that first carried them,
+  // resent set), or DataLoss when they were forgotten. end_of_sequence
+  // carries in seq how many elements this consumer was handed in all.
   // The task's error (for example a dataset that does not validate on this
   // worker) is returned as is.
   //
@@ -75,6 +88,11 @@ class TaskRunner {
   // cap grows with them. A private job's consumer (shared_job false, no
   // other consumer seen) is never capped.
   static constexpr absl::Duration kConsumerIdle = absl::Seconds(5);
+  // What a consumer's kept replies may total (frame bytes) before the
+  // oldest are forgotten; the latest reply is always kept. Replies are
+  // forgotten at the consumer's next request normally, so this holds about
+  // max_outstanding_requests replies at most.
+  static constexpr size_t kMaxRetainedBytes = size_t{64} << 20;
   absl::StatusOr<ServedBatch> GetBatch(const ElementRequest& request, absl::Duration wait)
       ABSL_LOCKS_EXCLUDED(mu_);
   // distributed_epoch: a client received these elements.
@@ -114,6 +132,16 @@ class TaskRunner {
   // The most elements `request`'s reply may carry now (see GetBatch).
   int64_t BatchLimitLocked(const ElementRequest& request, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Consumer;
+  // Redelivery (see the top): keeps `batch` for `consumer`; forgets what
+  // the consumer holds; answers a resend.
+  void RetainLocked(Consumer& consumer, const ServedBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetDeliveredLocked(Consumer& consumer, int64_t delivered_seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<absl::StatusOr<ServedBatch>> ResendLocked(const Consumer& consumer,
+                                                          const ElementRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const proto::TaskDef def_;
   const size_t capacity_;
@@ -135,6 +163,12 @@ class TaskRunner {
     int64_t next_seq = 0;
     int64_t serving = 0;
     absl::Time last_seen = absl::InfinitePast();
+    // Replies handed out and not yet known to be held by the consumer, in
+    // seq order (contiguous up to next_seq); what they total; the first
+    // seq still kept (below it: held by the consumer, or forgotten).
+    std::deque<ServedBatch> retained;
+    size_t retained_bytes = 0;
+    int64_t retained_from = 0;
   };
   std::map<int64_t, Consumer> consumers_ ABSL_GUARDED_BY(mu_);
   // Coordinated reads: open rounds, each slot a consumer's element until it

@@ -43,7 +43,9 @@ absl::StatusOr<ServedBatch> WorkerCore::Serve(const ElementRequest& req) {
                    ? task->GetRound(wait, req.consumer_index, req.round)
                    : task->GetBatch(req, wait);
   if (!batch.ok()) {
-    if (!absl::IsCancelled(batch.status())) ReportFinished(*task);
+    // The task's own error ends it; a refused request (a round asked
+    // twice, elements no longer kept for redelivery) does not.
+    if (task->finished()) ReportFinished(*task);
     return batch.status();
   }
   if (batch->end_of_sequence) ReportFinished(*task);

@@ -12,13 +12,19 @@ namespace {
 
 Element Value(int64_t v) { return Element{Tensor::Scalar<int64_t>(v)}; }
 
-std::vector<int64_t> Drain(std::deque<std::vector<Element>>* out) {
+std::vector<int64_t> Drain(std::vector<Piece>* out) {
   std::vector<int64_t> v;
-  for (auto& batch : *out) {
-    for (auto& e : batch) v.push_back(e[0].at<int64_t>(0));
+  for (auto& piece : *out) {
+    for (auto& e : piece.elements) v.push_back(e[0].at<int64_t>(0));
   }
   out->clear();
   return v;
+}
+
+Piece Values(std::vector<int64_t> values) {
+  Piece p;
+  for (int64_t v : values) p.elements.push_back(Value(v));
+  return p;
 }
 
 std::vector<int64_t> Take(Reader& r) {
@@ -65,34 +71,70 @@ std::map<int64_t, ClientTask> Tasks(std::initializer_list<int64_t> ids) {
 
 TEST(TaskOrderTest, RepliesArrivingOutOfOrderAreDeliveredInSeqOrder) {
   TaskOrder order;
-  std::deque<std::vector<Element>> out;
+  std::vector<Piece> out;
   const int64_t a = order.Sent(), b = order.Sent();
   // b's reply (seq 2..3) comes first: held until a's (seq 0..1).
   order.Done(b);
-  order.Arrived(2, 2, {Value(2), Value(3)}, &out);
+  EXPECT_EQ(order.Arrived(2, Values({2, 3}), &out), 0);
   EXPECT_TRUE(Drain(&out).empty());
   EXPECT_EQ(order.held(), 1);
   order.Done(a);
-  order.Arrived(0, 2, {Value(0), Value(1)}, &out);
+  order.Arrived(0, Values({0, 1}), &out);
   EXPECT_EQ(Drain(&out), (std::vector<int64_t>{0, 1, 2, 3}));
   EXPECT_EQ(order.held(), 0);
+  EXPECT_EQ(order.delivered(), 4);
+  EXPECT_TRUE(order.Complete(4));
+  EXPECT_FALSE(order.Complete(5));
 }
 
 TEST(TaskOrderTest, AGapNoRequestInFlightCanFillIsGivenUp) {
   TaskOrder order;
-  std::deque<std::vector<Element>> out;
+  std::vector<Piece> out;
   const int64_t a = order.Sent(), b = order.Sent();
   order.Done(b);
-  order.Arrived(5, 1, {Value(5)}, &out);  // seq 0..4 went to request a
+  order.Arrived(5, Values({5}), &out);  // seq 0..4 went to request a
   EXPECT_TRUE(Drain(&out).empty());
-  order.Done(a);  // a failed: its elements are lost with it
+  order.Done(a);  // a was cancelled: its elements are gone with it
   order.Release(&out);
   EXPECT_EQ(Drain(&out), std::vector<int64_t>{5});
-  // A reply behind what was delivered, or without seq, passes at once.
+  // An element of the given-up gap that comes late is delivered, once; one
+  // delivered before is dropped; one without seq passes.
   order.Sent();
-  order.Arrived(1, 1, {Value(1)}, &out);
-  order.Arrived(-1, 1, {Value(9)}, &out);
+  EXPECT_EQ(order.Arrived(1, Values({1}), &out), 0);
+  EXPECT_EQ(order.Arrived(1, Values({1}), &out), 1);
+  EXPECT_EQ(order.Arrived(5, Values({5}), &out), 1);
+  order.Arrived(-1, Values({9}), &out);
   EXPECT_EQ(Drain(&out), (std::vector<int64_t>{1, 9}));
+}
+
+// A request that failed in transit may have lost a reply the worker had
+// handed out: the gap is not given up but filled by resends, and what
+// arrives twice (a slow original, a resend) is delivered once.
+TEST(TaskOrderTest, AFailedRequestsGapIsFilledByResendsAndDuplicatesAreDropped) {
+  TaskOrder order;
+  std::vector<Piece> out;
+  const int64_t a = order.Sent(), b = order.Sent(), c = order.Sent();
+  order.Done(b);
+  order.Arrived(3, Values({3, 4}), &out);  // b: seq 3..4; a had 0..2
+  order.Failed(a);
+  EXPECT_TRUE(order.recovering());
+  order.Release(&out);
+  EXPECT_TRUE(Drain(&out).empty()) << "not given up while recovering";
+  EXPECT_EQ(order.delivered(), 0);
+  // The resend comes in two parts (a transport with one element per reply).
+  order.Done(order.Sent());
+  order.Arrived(0, Values({0}), &out);
+  EXPECT_EQ(Drain(&out), std::vector<int64_t>{0});
+  // The original of a's reply turns up after all: 1..2 are new, 0 is not.
+  EXPECT_EQ(order.Arrived(0, Values({0, 1, 2}), &out), 1);
+  EXPECT_EQ(Drain(&out), (std::vector<int64_t>{1, 2, 3, 4}));
+  // A resend of what is held and delivered is dropped.
+  order.Done(c);
+  EXPECT_EQ(order.Arrived(3, Values({3, 4}), &out), 2);
+  EXPECT_TRUE(Drain(&out).empty());
+  order.EndRecovery();
+  EXPECT_FALSE(order.recovering());
+  EXPECT_TRUE(order.Complete(5));
 }
 
 TEST(SplitDedupTest, AnIndexOfASplitIsDeliveredOnceUntilTheSplitCompletes) {
@@ -215,6 +257,110 @@ TEST(FcfsReaderTest, TransportFailuresAreRetriedAfterABackoffAndWorkerErrorsEndI
   r.OnReply(tasks, retry[0], absl::InvalidArgumentError("the dataset failed"), now);
   EXPECT_STATUS(r.error(), absl::StatusCode::kInvalidArgument, "the dataset failed");
   EXPECT_TRUE(r.Plan(tasks, now).empty());
+}
+
+ElementResult EndAfter(int64_t total) {
+  ElementResult r = End();
+  r.seq = total;
+  return r;
+}
+
+ElementResult Resent(ElementResult r) {
+  r.resent = true;
+  return r;
+}
+
+// A reply lost in transit (the request timed out after the worker handed
+// its elements out): the task recovers them by resends before anything
+// later is delivered, one resend request at a time, and ends only once
+// everything the worker handed out arrived.
+TEST(FcfsReaderTest, ALostReplyIsAskedForAgainAndTheTaskEndsOnlyWhenNothingIsMissing) {
+  auto tasks = Tasks({1});
+  FcfsReader r(Opts(2));
+  absl::Time now = absl::Now();
+  auto sent = r.Plan(tasks, now);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].request.delivered_seq, 0);
+  EXPECT_FALSE(sent[0].request.resend);
+  r.OnReply(tasks, sent[1], Reply({2, 3}, 2), now);  // seq 0..1 went to sent[0]
+  r.OnReply(tasks, sent[0], absl::DeadlineExceededError("no reply"), now);
+  EXPECT_FALSE(r.HasElement());
+  now = tasks.at(1).retry_after;
+  auto resend = r.Plan(tasks, now);
+  ASSERT_EQ(resend.size(), 1u) << "one resend request, whatever the free slots";
+  EXPECT_TRUE(resend[0].request.resend);
+  EXPECT_EQ(resend[0].request.delivered_seq, 0);
+  EXPECT_TRUE(r.Plan(tasks, now).empty()) << "one at a time";
+  r.OnReply(tasks, resend[0], Resent(Reply({0, 1}, 0)), now);
+  EXPECT_EQ(Take(r), (std::vector<int64_t>{0, 1, 2, 3}));
+  // Still recovering until the worker has nothing more to resend.
+  auto more = r.Plan(tasks, now);
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_TRUE(more[0].request.resend);
+  EXPECT_EQ(more[0].request.delivered_seq, 4);
+  r.OnReply(tasks, more[0], Reply({4}, 4), now);  // a fresh element: recovered
+  EXPECT_EQ(Take(r), std::vector<int64_t>{4});
+  auto normal = r.Plan(tasks, now);
+  ASSERT_EQ(normal.size(), 2u);
+  EXPECT_FALSE(normal[0].request.resend);
+  EXPECT_EQ(normal[0].request.delivered_seq, 5);
+  // end_of_sequence after 7 elements, while 5..6 are in flight: the task
+  // waits for them, asking nothing meanwhile.
+  r.OnReply(tasks, normal[1], EndAfter(7), now);
+  EXPECT_FALSE(tasks.at(1).end_of_sequence);
+  EXPECT_TRUE(r.Plan(tasks, now).empty());
+  r.OnReply(tasks, normal[0], Reply({5, 6}, 5), now);
+  EXPECT_TRUE(tasks.at(1).end_of_sequence);
+  EXPECT_EQ(Take(r), (std::vector<int64_t>{5, 6}));
+  EXPECT_OK(r.error());
+  EXPECT_EQ(r.counters().duplicates, 0);
+}
+
+TEST(FcfsReaderTest, EndOfSequenceWithElementsMissingRecoversThemOrFailsWithDataLoss) {
+  {
+    auto tasks = Tasks({1});
+    FcfsReader r(Opts(1));
+    const absl::Time now = absl::Now();
+    auto sent = r.Plan(tasks, now);
+    r.OnReply(tasks, sent[0], EndAfter(2), now);  // two handed out, none arrived
+    EXPECT_FALSE(tasks.at(1).end_of_sequence);
+    auto resend = r.Plan(tasks, now);
+    ASSERT_EQ(resend.size(), 1u);
+    EXPECT_TRUE(resend[0].request.resend);
+    r.OnReply(tasks, resend[0], Resent(Reply({0, 1}, 0)), now);
+    EXPECT_EQ(Take(r), (std::vector<int64_t>{0, 1}));
+    auto last = r.Plan(tasks, now);
+    ASSERT_EQ(last.size(), 1u);
+    r.OnReply(tasks, last[0], EndAfter(2), now);
+    EXPECT_TRUE(tasks.at(1).end_of_sequence);
+    EXPECT_OK(r.error());
+  }
+  {
+    // The worker has nothing to resend, yet says it handed out more: never
+    // a silent end.
+    auto tasks = Tasks({1});
+    FcfsReader r(Opts(1));
+    const absl::Time now = absl::Now();
+    auto sent = r.Plan(tasks, now);
+    r.OnReply(tasks, sent[0], EndAfter(2), now);
+    auto resend = r.Plan(tasks, now);
+    ASSERT_EQ(resend.size(), 1u);
+    r.OnReply(tasks, resend[0], EndAfter(2), now);
+    EXPECT_STATUS(r.error(), absl::StatusCode::kDataLoss, "handed this consumer 2 elements");
+  }
+  {
+    // An anonymous consumer (no client id) keeps the old behaviour: the
+    // worker keeps nothing for it.
+    auto tasks = Tasks({1});
+    ReaderOptions o = Opts(1);
+    o.client_id = 0;
+    FcfsReader r(o);
+    const absl::Time now = absl::Now();
+    auto sent = r.Plan(tasks, now);
+    EXPECT_EQ(sent[0].request.delivered_seq, -1);
+    r.OnReply(tasks, sent[0], EndAfter(2), now);
+    EXPECT_TRUE(tasks.at(1).end_of_sequence);
+  }
 }
 
 TEST(FcfsReaderTest, EndedAndLostTasksAreNotAsked) {

@@ -1,0 +1,107 @@
+// TaskRunner (worker/task_runner.h): batches per consumer in seq order, and
+// redelivery of replies lost in transit.
+#include "sluice/worker/task_runner.h"
+
+#include "sluice/core/frame.h"
+#include "sluice/dataset/dataset.h"
+#include "tests/test_util.h"
+
+namespace sluice::internal {
+namespace {
+
+std::unique_ptr<TaskRunner> RangeTask(int64_t n) {
+  proto::TaskDef def;
+  def.set_task_id(7);
+  *def.mutable_dataset() = Dataset::Range(n).def();
+  return std::make_unique<TaskRunner>(def, /*buffer_elements=*/64, HeapFrameAllocator());
+}
+
+ElementRequest Ask(int64_t client_id, int64_t delivered_seq, bool resend = false,
+                   int64_t max_elements = 3) {
+  ElementRequest r;
+  r.task_id = 7;
+  r.client_id = client_id;
+  r.max_elements = max_elements;
+  r.max_bytes = 1 << 20;
+  r.delivered_seq = delivered_seq;
+  r.resend = resend;
+  return r;
+}
+
+std::vector<int64_t> Values(const ServedBatch& b) {
+  std::vector<int64_t> v;
+  for (const FrameBuffer& f : b.frames) {
+    std::vector<uint8_t> bytes(f.frame_size());
+    WriteFrame(f, bytes.data());
+    auto decoded = DecodeFrame(bytes.data(), bytes.size(), nullptr);
+    EXPECT_OK(decoded.status());
+    if (decoded.ok()) v.push_back(decoded->element[0].at<int64_t>(0));
+  }
+  return v;
+}
+
+// Waits until the runner produced everything (so batches are full).
+void AwaitProduced(TaskRunner& task, int64_t n) {
+  for (int i = 0; i < 2000 && task.counters().produced_elements < n; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(task.counters().produced_elements, n);
+}
+
+TEST(TaskRunnerTest, AReplyLostInTransitIsHandedOutAgainFromWhatTheConsumerHolds) {
+  auto task = RangeTask(8);
+  AwaitProduced(*task, 8);
+  const absl::Duration wait = absl::Seconds(1);
+  ASSERT_OK_AND_ASSIGN(ServedBatch a, task->GetBatch(Ask(5, 0), wait));
+  ASSERT_OK_AND_ASSIGN(ServedBatch b, task->GetBatch(Ask(5, 0), wait));
+  EXPECT_EQ(a.seq, 0);
+  EXPECT_EQ(Values(a), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(b.seq, 3);
+  EXPECT_FALSE(a.resent);
+  // a was lost: the consumer holds nothing yet and asks for a resend, one
+  // element per reply (as over gRPC): 0, then 1..2 (never past a's end).
+  ASSERT_OK_AND_ASSIGN(ServedBatch r0, task->GetBatch(Ask(5, 0, true, 1), wait));
+  EXPECT_TRUE(r0.resent);
+  EXPECT_EQ(r0.seq, 0);
+  EXPECT_EQ(Values(r0), std::vector<int64_t>{0});
+  ASSERT_OK_AND_ASSIGN(ServedBatch r1, task->GetBatch(Ask(5, 1, true), wait));
+  EXPECT_EQ(r1.seq, 1);
+  EXPECT_EQ(Values(r1), (std::vector<int64_t>{1, 2}));
+  // Then b's, which the consumer may hold already (it drops it then).
+  ASSERT_OK_AND_ASSIGN(ServedBatch r3, task->GetBatch(Ask(5, 3, true), wait));
+  EXPECT_EQ(Values(r3), (std::vector<int64_t>{3, 4, 5}));
+  // Nothing more was handed out: a resend gets fresh elements.
+  ASSERT_OK_AND_ASSIGN(ServedBatch fresh, task->GetBatch(Ask(5, 6, true), wait));
+  EXPECT_FALSE(fresh.resent);
+  EXPECT_EQ(fresh.seq, 6);
+  EXPECT_EQ(Values(fresh), (std::vector<int64_t>{6, 7}));
+  // What the consumer said it holds is forgotten: asking for it again is
+  // DataLoss, named.
+  EXPECT_STATUS(task->GetBatch(Ask(5, 0, true), wait).status(), absl::StatusCode::kDataLoss,
+                "elements 0 to 5");
+  // The end says how many were handed out in all.
+  ASSERT_OK_AND_ASSIGN(ServedBatch end, task->GetBatch(Ask(5, 8), wait));
+  EXPECT_TRUE(end.end_of_sequence);
+  EXPECT_EQ(end.seq, 8);
+  EXPECT_TRUE(task->finished());
+}
+
+TEST(TaskRunnerTest, ConsumersAreNumberedAndKeptApartAndAnonymousOnesAreNotKept) {
+  auto task = RangeTask(6);
+  AwaitProduced(*task, 6);
+  const absl::Duration wait = absl::Seconds(1);
+  ASSERT_OK_AND_ASSIGN(ServedBatch a, task->GetBatch(Ask(1, 0, false, 2), wait));
+  ASSERT_OK_AND_ASSIGN(ServedBatch b, task->GetBatch(Ask(2, 0, false, 2), wait));
+  EXPECT_EQ(a.seq, 0);
+  EXPECT_EQ(b.seq, 0);
+  ASSERT_OK_AND_ASSIGN(ServedBatch again, task->GetBatch(Ask(2, 0, true), wait));
+  EXPECT_EQ(Values(again), Values(b));
+  ASSERT_OK_AND_ASSIGN(ServedBatch anon, task->GetBatch(Ask(0, 0, false, 1), wait));
+  EXPECT_EQ(anon.seq, 0);
+  ASSERT_OK_AND_ASSIGN(ServedBatch anon2, task->GetBatch(Ask(0, 0, true, 1), wait));
+  EXPECT_FALSE(anon2.resent) << "nothing is kept for an anonymous consumer";
+  EXPECT_EQ(anon2.seq, 1);
+}
+
+}  // namespace
+}  // namespace sluice::internal
