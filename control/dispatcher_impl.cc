@@ -449,20 +449,29 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
   return AwaitDurable([&]() -> absl::Status {
     const int64_t num_shards = static_cast<int64_t>(config_.worker_addresses.size());
     SLUICE_RETURN_IF_ERROR(CheckJobRequest(req, num_shards));
-    absl::MutexLock l(&mu_);
-    if (!state_.datasets().count(req.dataset_id())) {
-      return absl::NotFoundError(absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
-    }
-    if (!req.job_name().empty()) {
+    // An existing job of that name, if any (under the lock).
+    auto existing = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
+      if (req.job_name().empty()) return std::nullopt;
       auto named = state_.job_by_name().find(req.job_name());
-      if (named != state_.job_by_name().end()) {
-        const Job& job = state_.jobs().at(named->second);
-        SLUICE_RETURN_IF_ERROR(CheckSameJob(job, req));
-        resp->set_job_id(job.id);
-        return absl::OkStatus();
+      if (named == state_.job_by_name().end()) return std::nullopt;
+      const Job& job = state_.jobs().at(named->second);
+      SLUICE_RETURN_IF_ERROR(CheckSameJob(job, req));
+      resp->set_job_id(job.id);
+      return absl::OkStatus();
+    };
+    proto::DatasetDef def;
+    {
+      absl::MutexLock l(&mu_);
+      auto dataset = state_.datasets().find(req.dataset_id());
+      if (dataset == state_.datasets().end()) {
+        return absl::NotFoundError(
+            absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
       }
+      if (auto done = existing()) return *done;
+      def = dataset->second.def;  // registered datasets never change
     }
-    const proto::DatasetDef& def = state_.datasets().at(req.dataset_id()).def;
+    // Analysing the pipeline (building it, static sharding, its split
+    // source) runs without the lock: heartbeats do not wait behind it.
     SLUICE_RETURN_IF_ERROR(CheckJobDataset(def, req, num_shards));
     proto::JournalRecord rec;
     proto::CreateJobUpdate* job = rec.add_updates()->mutable_create_job();
@@ -472,6 +481,8 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
       *job->mutable_split_source() = *source->source;
       job->set_split_tracked(source->tracked);
     }
+    absl::MutexLock l(&mu_);
+    if (auto done = existing()) return *done;  // another consumer created it meanwhile
     job->set_job_id(NewIdLocked());
     job->set_dataset_id(req.dataset_id());
     job->set_processing_mode(req.processing_mode());
@@ -487,45 +498,70 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
 absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterationRequest& req,
                                                   proto::GetOrCreateIterationResponse* resp) {
   return AwaitDurable([&]() -> absl::Status {
+    // A new distributed_epoch iteration splits the job's source, which may
+    // list files (a glob over a large corpus): that runs without the lock,
+    // and the iteration is created after, unless another consumer created
+    // it meanwhile (the description is dropped then).
+    std::optional<proto::CreateIterationUpdate> splits;
+    std::optional<proto::DatasetNode> to_split;
+    {
+      absl::MutexLock l(&mu_);
+      SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
+      const Job& job = state_.jobs().at(req.job_id());
+      if (job.mode != proto::DISTRIBUTED_EPOCH ||
+          job.iteration_by_repetition.count(req.repetition())) {
+        return GetOrCreateIterationLocked(req, nullptr, resp);
+      }
+      to_split = job.split_source;
+    }
+    splits.emplace();
+    SLUICE_RETURN_IF_ERROR(
+        SplitProvider::Describe(*to_split, config_.range_split_elements, &*splits));
     absl::MutexLock l(&mu_);
     SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
-    const Job& job = state_.jobs().at(req.job_id());
-    const bool local = job.target_workers == proto::TARGET_WORKERS_LOCAL;
-    proto::JournalRecord rec;
-    int64_t iteration_id;
-    bool created = false;
-    auto existing = job.iteration_by_repetition.find(req.repetition());
-    if (existing != job.iteration_by_repetition.end()) {
-      iteration_id = existing->second;
-      const Iteration& it = state_.iterations().at(iteration_id);
-      SLUICE_RETURN_IF_ERROR(CheckJoin(job, it, req, config_.job_gc_timeout_ms));
-      // LOCAL: the first consumer on this host brings tasks on its workers.
-      task_policy_.ForNewHost(it, req.host_id(), &rec);
-    } else {
-      proto::CreateIterationUpdate* ci = rec.add_updates()->mutable_create_iteration();
-      if (job.mode == proto::DISTRIBUTED_EPOCH) {
-        SLUICE_RETURN_IF_ERROR(
-            SplitProvider::Describe(job.split_source, config_.range_split_elements, ci));
-      }
-      iteration_id = NewIdLocked();
-      ci->set_iteration_id(iteration_id);
-      ci->set_job_id(job.id);
-      ci->set_repetition(req.repetition());
-      task_policy_.ForNewIteration(iteration_id, local, req.host_id(), &rec);
-      created = true;
-    }
-    proto::CreateClientUpdate* c = rec.add_updates()->mutable_create_client();
-    c->set_client_id(NewIdLocked());
-    c->set_iteration_id(iteration_id);
-    c->set_consumer_index(job.num_consumers > 0 ? req.consumer_index() : -1);
-    c->set_host_id(req.host_id());
-    SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
-    // Tasks created from now on join a running iteration.
-    if (created) rounds_.Start(iteration_id);
-    resp->set_iteration_id(iteration_id);
-    resp->set_iteration_client_id(c->client_id());
-    return absl::OkStatus();
+    return GetOrCreateIterationLocked(req, &*splits, resp);
   }());
+}
+
+absl::Status DispatcherImpl::GetOrCreateIterationLocked(
+    const proto::GetOrCreateIterationRequest& req, proto::CreateIterationUpdate* splits,
+    proto::GetOrCreateIterationResponse* resp) {
+  const Job& job = state_.jobs().at(req.job_id());
+  const bool local = job.target_workers == proto::TARGET_WORKERS_LOCAL;
+  proto::JournalRecord rec;
+  int64_t iteration_id;
+  bool created = false;
+  auto existing = job.iteration_by_repetition.find(req.repetition());
+  if (existing != job.iteration_by_repetition.end()) {
+    iteration_id = existing->second;
+    const Iteration& it = state_.iterations().at(iteration_id);
+    SLUICE_RETURN_IF_ERROR(CheckJoin(job, it, req, config_.job_gc_timeout_ms));
+    // LOCAL: the first consumer on this host brings tasks on its workers.
+    task_policy_.ForNewHost(it, req.host_id(), &rec);
+  } else {
+    proto::CreateIterationUpdate* ci = rec.add_updates()->mutable_create_iteration();
+    if (job.mode == proto::DISTRIBUTED_EPOCH) {
+      if (splits == nullptr) return absl::InternalError("a distributed_epoch iteration unsplit");
+      ci->Swap(splits);  // the file list is not copied under the lock
+    }
+    iteration_id = NewIdLocked();
+    ci->set_iteration_id(iteration_id);
+    ci->set_job_id(job.id);
+    ci->set_repetition(req.repetition());
+    task_policy_.ForNewIteration(iteration_id, local, req.host_id(), &rec);
+    created = true;
+  }
+  proto::CreateClientUpdate* c = rec.add_updates()->mutable_create_client();
+  c->set_client_id(NewIdLocked());
+  c->set_iteration_id(iteration_id);
+  c->set_consumer_index(job.num_consumers > 0 ? req.consumer_index() : -1);
+  c->set_host_id(req.host_id());
+  SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
+  // Tasks created from now on join a running iteration.
+  if (created) rounds_.Start(iteration_id);
+  resp->set_iteration_id(iteration_id);
+  resp->set_iteration_client_id(c->client_id());
+  return absl::OkStatus();
 }
 
 absl::Status DispatcherImpl::ReleaseIterationClient(

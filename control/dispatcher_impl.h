@@ -330,6 +330,13 @@ class DispatcherImpl {
   // Applies `rec` and (when a journal is open) queues it for the journal.
   // Unavailable, changing nothing, once the journal has failed.
   absl::Status RecordLocked(const proto::JournalRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GetOrCreateIteration once the request is checked: joins the
+  // repetition's iteration or creates it, taking its split description
+  // from `splits` (distributed_epoch; described without the lock).
+  absl::Status GetOrCreateIterationLocked(const proto::GetOrCreateIterationRequest& req,
+                                          proto::CreateIterationUpdate* splits,
+                                          proto::GetOrCreateIterationResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one update to state_ (live or replayed), then brings what is
   // kept beside it up to date from the update and its Changes: versions
   // and polls, liveness, tasks to delete, coordinated rounds.

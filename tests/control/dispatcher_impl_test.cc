@@ -33,6 +33,7 @@
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
+#include "tests/dataset/dataset_test_util.h"
 #include "tests/test_util.h"
 
 namespace sluice::internal {
@@ -495,6 +496,41 @@ TEST_F(DispatcherImplTest, GetOrCreateIterationValidatesItsRequest) {
   EXPECT_STATUS(Iteration(job + 1000, 0), absl::StatusCode::kNotFound,
                 absl::StrCat("job ", job + 1000, " does not exist"));
   EXPECT_EQ(d_->GetStats().iterations, 0);
+}
+
+// GetOrCreateJob and GetOrCreateIteration analyse the pipeline and list a
+// distributed_epoch source's files without the dispatcher's lock: consumers
+// asking at once for the same job and repetition still get one job and one
+// iteration, each a client of its own, whichever finished its analysis
+// first.
+TEST_F(DispatcherImplTest, ConcurrentConsumersOfOneNamedJobGetOneJobAndOneIteration) {
+  sluice_test::TempDir dir;
+  for (int i = 0; i < 50; ++i) std::ofstream(dir.File(absl::StrCat("f", i, ".txt"))) << i;
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(Dataset::ListFiles(dir.path() + "/*.txt").def()));
+  constexpr int kConsumers = 8, kRounds = 10;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> seen(kConsumers);  // job, iteration
+  std::set<int64_t> clients;
+  absl::Mutex mu;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      for (int r = 0; r < kRounds; ++r) {
+        auto job = Job(ds, absl::StrCat("train", r), proto::DISTRIBUTED_EPOCH);
+        ASSERT_OK(job.status());
+        auto it = Iteration(*job, 0);
+        ASSERT_OK(it.status());
+        seen[c].emplace_back(*job, it->iteration_id());
+        absl::MutexLock l(&mu);
+        EXPECT_TRUE(clients.insert(it->iteration_client_id()).second);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int c = 1; c < kConsumers; ++c) EXPECT_EQ(seen[c], seen[0]) << "consumer " << c;
+  auto stats = d_->GetStats();
+  EXPECT_EQ(stats.jobs, kRounds);
+  EXPECT_EQ(stats.iterations, kRounds);
+  EXPECT_EQ(stats.iteration_clients, kConsumers * kRounds);
 }
 
 // ---- workers and tasks ---------------------------------------------------------------
