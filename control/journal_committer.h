@@ -38,6 +38,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "control/journal.pb.h"
 #include "sluice/control/journal.h"
@@ -158,6 +159,12 @@ class JournalCommitter {
   std::thread compact_thread_;
   int64_t min_records_ = kCompactionMinRecords;
   int64_t records_in_journal_ = 0;
+  // How the compaction under way went (logged when it ends).
+  struct CompactionTiming {
+    absl::Duration snapshot_under_lock, write, install;
+    int64_t tail_records = 0;
+  };
+  CompactionTiming timing_;
   int64_t records_in_last_snapshot_ = 0;
   uint64_t bytes_in_last_snapshot_ = 0;
   Counters counters_;
