@@ -1955,6 +1955,39 @@ class JournalTest : public DispatcherImplTest {
   DispatcherConfig config_;
 };
 
+// A journal written by the dispatcher before the control plane was split
+// into DispatcherState, TaskPolicy and JournalCommitter
+// (testdata/journal_61ab566/README.md) replays into what that dispatcher
+// itself replayed it into, and survives a restart and a compaction in
+// today's encoding.
+TEST_F(JournalTest, AJournalWrittenByAnOlderDispatcherReplays) {
+  d_.reset();
+  std::filesystem::remove_all(dir_);
+  std::filesystem::create_directories(dir_);
+  std::filesystem::copy_file(SLUICE_CONTROL_TESTDATA "/journal_61ab566/journal", dir_ + "/journal");
+  Open();
+  DispatcherImpl::Stats stats = d_->GetStats();
+  // What 61ab566 logged replaying the same file: 147 records, 3 datasets,
+  // 3 jobs, 3 iterations, 36 running tasks, 12 workers, 8 clients.
+  EXPECT_EQ(stats.replayed_records, 147);
+  EXPECT_EQ(stats.datasets, 3);
+  EXPECT_EQ(stats.current_jobs, 3);
+  EXPECT_EQ(stats.active_iterations, 3);
+  EXPECT_EQ(stats.live_tasks, 36);
+  EXPECT_EQ(stats.workers, 12);
+  EXPECT_EQ(stats.iteration_clients, 8);
+  EXPECT_GT(stats.splits_created, 0);
+  const std::string state = d_->DurableStateString();
+  Restart();
+  Restart();  // compacts into today's snapshot first
+  EXPECT_EQ(d_->DurableStateString(), state);
+  // It goes on: a new consumer joins, a new job starts.
+  ASSERT_OK_AND_ASSIGN(std::string ds, RegisterRange(5));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "after-upgrade"));
+  ASSERT_OK(Iteration(job, 0).status());
+  EXPECT_EQ(d_->GetStats().current_jobs, 4);
+}
+
 TEST_F(JournalTest, AnExplicitDatasetIdSurvivesARestart) {
   ASSERT_OK(Register(Dataset::Range(5).def(), "eval").status());
   Restart();
