@@ -239,11 +239,7 @@ absl::Status DispatcherImpl::CompactJournal() {
   return journal_.Compact(mu_);
 }
 
-std::vector<std::string> DispatcherImpl::SnapshotLocked() {
-  std::vector<std::string> out;
-  for (const proto::JournalRecord& rec : state_.Snapshot()) out.push_back(rec.SerializeAsString());
-  return out;
-}
+std::vector<proto::JournalRecord> DispatcherImpl::SnapshotLocked() { return state_.Snapshot(); }
 
 absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
   if (config_.work_dir.empty()) {

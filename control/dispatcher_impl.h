@@ -345,7 +345,7 @@ class DispatcherImpl {
   // applied so far is durable (JournalCommitter::AwaitDurable).
   absl::Status AwaitDurable(absl::Status reply) ABSL_LOCKS_EXCLUDED(mu_);
   // The state as serialized records that rebuild it from nothing.
-  std::vector<std::string> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<proto::JournalRecord> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A fresh id (ids handed out but not yet applied included).
   int64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -47,9 +47,9 @@ namespace sluice::internal {
 
 class JournalCommitter {
  public:
-  // The state as serialized records that rebuild it from nothing; called
-  // holding the mutex.
-  using SnapshotFn = std::function<std::vector<std::string>()>;
+  // The state as records that rebuild it from nothing; called holding the
+  // mutex (they are serialized without it).
+  using SnapshotFn = std::function<std::vector<proto::JournalRecord>()>;
   // Called holding the mutex whenever a write or a compaction ends (so
   // that replies waiting elsewhere than in AwaitDurable may go out).
   using WrittenFn = std::function<void()>;
@@ -135,7 +135,7 @@ class JournalCommitter {
  private:
   // Writes `snapshot` as the compacted journal while appends go on, then
   // installs it with the records appended meanwhile (compact_thread_).
-  void CompactInBackground(absl::Mutex& mu, std::vector<std::string> snapshot,
+  void CompactInBackground(absl::Mutex& mu, std::vector<proto::JournalRecord> snapshot,
                            uint64_t bytes_before) ABSL_LOCKS_EXCLUDED(mu);
   // With no write running: the snapshot replaces the journal and the queue.
   absl::Status CompactNow();
@@ -161,7 +161,7 @@ class JournalCommitter {
   int64_t records_in_journal_ = 0;
   // How the compaction under way went (logged when it ends).
   struct CompactionTiming {
-    absl::Duration snapshot_under_lock, write, install;
+    absl::Duration snapshot_under_lock, serialize, write, install;
     int64_t tail_records = 0;
   };
   CompactionTiming timing_;
