@@ -97,8 +97,12 @@
 // thread writes for them and sends their replies once durable). So no
 // reply reveals a change that a crash can lose, and concurrent changes
 // share one fsync. Compaction (the journal rewritten as a snapshot once it
-// has grown) is done by the writer the same way: the snapshot is built
-// under the mutex, written without it. A failed write is sticky: the state
+// has grown) is done by the writer the same way: the snapshot's records
+// are built under the mutex, serialized and written without it. Analysing
+// a new job's pipeline (building it, static sharding, its split source)
+// and listing a new distributed_epoch iteration's files also run without
+// it, the job or iteration being created after unless another consumer
+// created it meanwhile. A failed write is sticky: the state
 // in memory is then ahead of the journal, so every later request fails
 // (Unavailable) until the dispatcher is restarted and replays its journal.
 // What is not journaled is transient and rebuilt after a restart: heartbeat
