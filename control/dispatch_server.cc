@@ -180,6 +180,10 @@ absl::StatusOr<std::unique_ptr<DispatchServer>> DispatchServer::Start(
           "client_timeout_ms and range_split_elements must be > 0");
     }
   }
+  if (config.file_split_files < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "file_split_files must be >= 0 (0: automatic); got ", config.file_split_files));
+  }
   SLUICE_RETURN_IF_ERROR(internal::ValidateWorkerAddresses(config.worker_addresses));
   SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(config.auth_token, "dispatcher"));
   if (config.max_request_bytes <= 0 || config.max_request_bytes > internal::kMaxGrpcMessageBytes ||

@@ -36,8 +36,12 @@ struct DispatcherConfig {
   // When set, a worker matching no free entry cannot register.
   std::vector<std::string> worker_addresses;
   // distributed_epoch: a Range source is split into sub-ranges of this many
-  // elements (FromTensors: one element per split; ListFiles: one file).
+  // elements (FromTensors: one element per split).
   int64_t range_split_elements = 32;
+  // distributed_epoch: a ListFiles source is split into runs of this many
+  // files; 0 (default): one split per 256 files listed, 1 to 64 files each
+  // (SplitProvider::AutoFileRun).
+  int64_t file_split_files = 0;
   // How often garbage collection is checked (timeouts are checked at least
   // every 250 ms, and ten times per timeout).
   int64_t job_gc_check_interval_ms = 1000;

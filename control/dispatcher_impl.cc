@@ -512,7 +512,8 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
     }
     splits.emplace();
     SLUICE_RETURN_IF_ERROR(
-        SplitProvider::Describe(*to_split, config_.range_split_elements, &*splits));
+        SplitProvider::Describe(*to_split, config_.range_split_elements,
+                                config_.file_split_files, &*splits));
     absl::MutexLock l(&mu_);
     SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
     return GetOrCreateIterationLocked(req, &*splits, resp);

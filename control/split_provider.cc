@@ -11,7 +11,7 @@
 namespace sluice::internal {
 
 absl::Status SplitProvider::Describe(const proto::DatasetNode& source,
-                                     int64_t range_split_elements,
+                                     int64_t range_split_elements, int64_t file_split_files,
                                      proto::CreateIterationUpdate* u) {
   auto plan = SplitSourcePositions(source);
   // NotFound / Unavailable: a ListFiles pattern, globbed here.
@@ -24,8 +24,13 @@ absl::Status SplitProvider::Describe(const proto::DatasetNode& source,
   if (!plan.ok()) return plan.status();
   u->set_has_splits(true);
   u->set_positions(plan->positions);
-  u->set_split_elements(plan->multi_position_splits ? std::max<int64_t>(1, range_split_elements)
-                                                     : 1);
+  if (!plan->files.empty()) {
+    u->set_split_elements(file_split_files > 0 ? file_split_files
+                                               : AutoFileRun(plan->positions));
+  } else {
+    u->set_split_elements(
+        plan->multi_position_splits ? std::max<int64_t>(1, range_split_elements) : 1);
+  }
   for (std::string& f : plan->files) u->add_files(std::move(f));
   return absl::OkStatus();
 }
@@ -61,12 +66,18 @@ bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* r
     proto::SplitProto* def = assign->mutable_split();
     def->set_epoch(epoch);
     const int64_t begin = e.next_position;
-    const int64_t end = files_.empty() ? std::min(positions_, begin + split_elements_) : begin + 1;
-    // A file split carries its file and its position in the sorted list
-    // (what seeds random functions on its elements: SourceKey).
+    const int64_t end = std::min(positions_, begin + split_elements_);
+    // A file split carries its files and their positions in the sorted
+    // list (what seeds random functions on its elements: SourceKey).
     def->set_begin(begin);
     def->set_end(end);
-    if (!files_.empty()) def->set_file(files_[begin]);
+    if (!files_.empty()) {
+      if (end - begin == 1) {
+        def->set_file(files_[begin]);
+      } else {
+        for (int64_t p = begin; p < end; ++p) def->add_files(files_[p]);
+      }
+    }
     assign->set_created(true);
     assign->set_next_position(end);
     return true;

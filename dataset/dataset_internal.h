@@ -83,7 +83,8 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeTree(
 struct Split {
   int64_t id = 0;
   int64_t begin = 0, end = 0;  // source positions [begin, end)
-  std::string file;            // ListFiles: the split's one file, at position begin
+  // ListFiles: the split's files, one per position from begin on.
+  std::vector<std::string> files;
 };
 
 // Where a pipeline's split source (the one Range, FromTensors or ListFiles

@@ -442,7 +442,8 @@ const std::vector<Field<DispatcherConfig>>& DispatcherFields() {
   static const auto* f = new std::vector<Field<O>>{
       SLUICE_FIELD_(O, port), SLUICE_FIELD_(O, bind_address), SLUICE_FIELD_(O, work_dir),
       SLUICE_FIELD_(O, fault_tolerant_mode), SLUICE_FIELD_(O, worker_addresses),
-      SLUICE_FIELD_(O, range_split_elements), SLUICE_FIELD_(O, job_gc_check_interval_ms),
+      SLUICE_FIELD_(O, range_split_elements), SLUICE_FIELD_(O, file_split_files),
+      SLUICE_FIELD_(O, job_gc_check_interval_ms),
       SLUICE_FIELD_(O, job_gc_timeout_ms), SLUICE_FIELD_(O, worker_timeout_ms),
       SLUICE_FIELD_(O, client_timeout_ms), SLUICE_FIELD_(O, metrics_port),
       SLUICE_FIELD_(O, tls), SLUICE_FIELD_(O, auth_token),

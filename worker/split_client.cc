@@ -189,7 +189,8 @@ void SplitClient::FetchLoop() {
       sp.id = resp.split().split_id();
       sp.begin = resp.split().begin();
       sp.end = resp.split().end();
-      sp.file = resp.split().file();
+      sp.files.assign(resp.split().files().begin(), resp.split().files().end());
+      if (sp.files.empty() && !resp.split().file().empty()) sp.files.push_back(resp.split().file());
       held_.insert(sp.id);
       queue_.push_back(std::move(sp));
     } else if (resp.end_of_splits()) {

@@ -1,5 +1,5 @@
 // ListFiles(pattern): the matching files, sorted, as string scalars; a
-// split source (one file per split) and what FILE sharding shards.
+// split source (runs of files per split) and what FILE sharding shards.
 #include <glob.h>
 
 #include <cstring>
@@ -56,7 +56,8 @@ class ListFilesIterator : public NodeIterator {
   std::optional<uint64_t> key_;
 };
 
-// One file per split; the split carries its file's name.
+// A split is a run of files (DispatcherConfig::file_split_files); it
+// carries their names.
 absl::StatusOr<SplitPositions> Positions(const proto::DatasetNode& node) {
   SplitPositions p;
   SLUICE_ASSIGN_OR_RETURN(p.files, GlobFiles(node.list_files().pattern()));
@@ -64,8 +65,14 @@ absl::StatusOr<SplitPositions> Positions(const proto::DatasetNode& node) {
   return p;
 }
 
-absl::StatusOr<Element> ElementAt(const Analysis&, const Split& split, int64_t) {
-  return Element{Tensor::String(split.file)};
+absl::StatusOr<Element> ElementAt(const Analysis&, const Split& split, int64_t pos) {
+  const int64_t i = pos - split.begin;
+  if (i < 0 || i >= static_cast<int64_t>(split.files.size())) {
+    return absl::OutOfRangeError(absl::StrCat("split ", split.id, " names file position ", pos,
+                                              " but carries ", split.files.size(),
+                                              " file(s) from position ", split.begin));
+  }
+  return Element{Tensor::String(split.files[static_cast<size_t>(i)])};
 }
 
 absl::StatusOr<int64_t> KnownFiles(const proto::DatasetNode& node) {

@@ -3,11 +3,13 @@
 #include "sluice/control/split_provider.h"
 
 #include <cstdint>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "sluice/dataset/dataset.h"
+#include "tests/dataset/dataset_test_util.h"
 #include "tests/test_util.h"
 
 namespace sluice::internal {
@@ -45,7 +47,7 @@ class SplitProviderTest : public ::testing::Test {
 
 TEST_F(SplitProviderTest, DescribesARangeSourceWithTheConfiguredSplitSize) {
   proto::CreateIterationUpdate u;
-  ASSERT_OK(SplitProvider::Describe(Dataset::Range(10).def().root(), 4, &u));
+  ASSERT_OK(SplitProvider::Describe(Dataset::Range(10).def().root(), 4, 0, &u));
   EXPECT_TRUE(u.has_splits());
   EXPECT_EQ(u.positions(), 10);
   EXPECT_EQ(u.split_elements(), 4);
@@ -82,15 +84,44 @@ TEST_F(SplitProviderTest, CutsAnEpochIntoSplitsInOrderAndEndsItOnceAllCompleted)
   EXPECT_EQ(p.LowestOpen(), std::nullopt);
 }
 
-TEST_F(SplitProviderTest, FileSplitsAreOneFileEach) {
-  SplitProvider p(Plan(2, 8, {"/d/a", "/d/b"}));
+TEST_F(SplitProviderTest, FileSplitsAreRunsOfFilesCarryingTheirNames) {
+  SplitProvider p(Plan(5, 2, {"/d/a", "/d/b", "/d/c", "/d/d", "/d/e"}));
   auto a = Take(p, 1);
   auto b = Take(p, 1);
-  ASSERT_TRUE(a && b);
-  EXPECT_EQ(a->file(), "/d/a");
-  EXPECT_EQ(b->file(), "/d/b");
-  EXPECT_EQ(b->begin(), 1);
-  EXPECT_EQ(b->end(), 2);
+  auto c = Take(p, 2);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_THAT(a->files(), ElementsAre("/d/a", "/d/b"));
+  EXPECT_EQ(b->begin(), 2);
+  EXPECT_EQ(b->end(), 4);
+  EXPECT_THAT(b->files(), ElementsAre("/d/c", "/d/d"));
+  // A split of one file names it in `file`, as before runs.
+  EXPECT_EQ(c->begin(), 4);
+  EXPECT_EQ(c->end(), 5);
+  EXPECT_EQ(c->file(), "/d/e");
+  EXPECT_THAT(c->files(), IsEmpty());
+}
+
+// ListFiles: runs of file_split_files files, or one split per 256 files
+// listed (1 to 64 files) when it is 0.
+TEST_F(SplitProviderTest, DescribesAListFilesSourceInRunsOfFiles) {
+  EXPECT_EQ(SplitProvider::AutoFileRun(10), 1);
+  EXPECT_EQ(SplitProvider::AutoFileRun(600), 2);
+  EXPECT_EQ(SplitProvider::AutoFileRun(1'281'167), 64);
+  sluice_test::TempDir dir;
+  for (int i = 0; i < 600; ++i) std::ofstream(dir.File(absl::StrCat("f", 1000 + i))) << i;
+  const proto::DatasetNode source = Dataset::ListFiles(dir.path() + "/f*").def().root();
+  proto::CreateIterationUpdate automatic, fixed;
+  ASSERT_OK(SplitProvider::Describe(source, 4, 0, &automatic));
+  EXPECT_EQ(automatic.positions(), 600);
+  EXPECT_EQ(automatic.files_size(), 600);
+  EXPECT_EQ(automatic.split_elements(), 2);
+  ASSERT_OK(SplitProvider::Describe(source, 4, 7, &fixed));
+  EXPECT_EQ(fixed.split_elements(), 7);
+  SplitProvider p(fixed);
+  auto first = Take(p, 1);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->files_size(), 7);
+  EXPECT_EQ(first->files(6), dir.File("f1006"));
 }
 
 TEST_F(SplitProviderTest, ALostTasksSplitsAreHandedOutFirstInOrder) {

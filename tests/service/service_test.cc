@@ -13,6 +13,7 @@
 #include <cstring>
 #include <future>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -1105,6 +1106,40 @@ DispatcherConfig OnlyShardFree(int n, int free) {
                                             : "127.0.0.1:" + std::to_string(i + 1));
   }
   return dc;
+}
+
+// ListFiles splits are runs of files (file_split_files): a worker that
+// stops mid-epoch leaves its runs to the others, and every file still
+// arrives once (a requeued run is deduplicated file by file).
+TEST_P(ServiceTest, DistributedEpochFileRunsSurviveALostWorkerExactlyOnce) {
+  sluice_test::TempDir dir;
+  constexpr int kFiles = 200;
+  std::vector<std::string> names;
+  for (int i = 0; i < kFiles; ++i) {
+    names.push_back(dir.File(absl::StrCat("f", 1000 + i)));
+    std::ofstream(names.back()) << i;
+  }
+  DispatcherConfig dc;
+  dc.file_split_files = 8;
+  dc.worker_timeout_ms = 500;
+  StartService(2, dc);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto it,
+                       Dataset::ListFiles(dir.path() + "/f*").Apply(Distribute(o)).MakeIterator());
+  std::vector<std::string> got;
+  auto take = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      auto e = it->Next();
+      ASSERT_OK(e.status());
+      if (!e->has_value()) return;
+      got.emplace_back((**e)[0].str(0));
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(WithHangGuard([&] { take(30); }));
+  workers_[1]->Stop();
+  ASSERT_NO_FATAL_FAILURE(WithHangGuard([&] { take(kFiles * 2); }));
+  EXPECT_THAT(got, UnorderedElementsAreArray(names));
 }
 
 TEST_P(ServiceTest, DataShardingWorkerAtShardOneReadsEveryFifthElement) {
