@@ -420,7 +420,13 @@ absl::StatusOr<std::unique_ptr<Iterator>> Dataset::MakeIterator() const {
   internal::IteratorContext ctx;
   ctx.salt = rep_->iterations.fetch_add(1);
   ctx.seed = internal::ContextSeed(def());
-  return internal::MakeNodeIterator(rep_->analysis, ctx);
+  return internal::MakeRootIterator(rep_->analysis, ctx, Fingerprint());
+}
+
+absl::StatusOr<std::unique_ptr<Iterator>> Dataset::MakeIterator(
+    const std::string& checkpoint) const {
+  SLUICE_RETURN_IF_ERROR(status());
+  return internal::RestoreRootIterator(rep_->analysis, {}, Fingerprint(), checkpoint);
 }
 
 }  // namespace sluice

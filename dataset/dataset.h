@@ -33,6 +33,7 @@ namespace sluice {
 namespace proto {
 class DatasetDef;
 class DatasetNode;
+class IteratorState;
 }  // namespace proto
 
 // Pulls elements. Not thread-safe: one thread calls Next() at a time.
@@ -47,6 +48,17 @@ class Iterator {
   // op on the way keeps that tie (docs/datasets.md, "Randomness"); random
   // functions seed from it. nullopt when not kept.
   virtual std::optional<uint64_t> ElementKey() const { return std::nullopt; }
+
+  // Checkpoints (docs/datasets.md, "Checkpoints"): this iterator's position
+  // after the last Next(), as bytes. Dataset::MakeIterator(checkpoint) of
+  // the same pipeline resumes there: it returns what this iterator would
+  // have returned next. Unimplemented, naming the op, when the pipeline has
+  // an op that cannot save its position.
+  virtual absl::StatusOr<std::string> Save() const;
+  // Internal (the ops): this iterator's part of a checkpoint, and restoring
+  // an iterator just made to it.
+  virtual absl::Status SaveState(proto::IteratorState* state) const;
+  virtual absl::Status RestoreState(const proto::IteratorState& state);
 };
 
 // num_parallel_calls or Prefetch's buffer_size chosen by sluice, as
@@ -164,6 +176,10 @@ class Dataset {
 
   // Each call starts a fresh pass over the data.
   absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator() const;
+  // Resumes where the iterator that saved `checkpoint` (Iterator::Save) was.
+  // InvalidArgument when the checkpoint is of another pipeline, of another
+  // format version, truncated or corrupt.
+  absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(const std::string& checkpoint) const;
 
   // Internal: used by the builder and higher modules.
   struct Rep;

@@ -170,6 +170,17 @@ absl::StatusOr<proto::DatasetDef> ApplyStaticSharding(const proto::DatasetDef& d
 // Interleave functions.
 bool ContainsShardHint(const proto::DatasetNode& root);
 
+// Checkpoints (dataset/checkpoint.cc): the version of the format
+// Iterator::Save writes; the iterator Dataset::MakeIterator returns (its
+// Save() frames the pipeline's state), made fresh or restored from a
+// checkpoint of the pipeline with this fingerprint.
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+absl::StatusOr<std::unique_ptr<Iterator>> MakeRootIterator(
+    std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx, uint64_t fingerprint);
+absl::StatusOr<std::unique_ptr<Iterator>> RestoreRootIterator(
+    std::shared_ptr<const Analysis> analysis, IteratorContext ctx, uint64_t fingerprint,
+    const std::string& checkpoint);
+
 absl::StatusOr<std::unique_ptr<Iterator>> MakeNodeIterator(
     std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx);
 

@@ -57,8 +57,25 @@ class StickyIterator : public Iterator {
   std::optional<uint64_t> ElementKey() const override {
     return in_ != nullptr ? in_->ElementKey() : std::nullopt;
   }
+  // An iterator at its end saves only that; one that failed cannot save.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    if (!terminal_) return in_->SaveState(state);
+    if (!terminal_->ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "an iterator that failed cannot save its position: ", terminal_->status().message()));
+    }
+    state->set_op(kEnded);
+    return absl::OkStatus();
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    if (state.op() != kEnded) return in_->RestoreState(state);
+    terminal_ = Result(std::optional<Element>());
+    in_.reset();
+    return absl::OkStatus();
+  }
 
  private:
+  static constexpr char kEnded[] = "<ended>";
   std::unique_ptr<Iterator> in_;
   std::optional<Result> terminal_;
 };

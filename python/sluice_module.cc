@@ -548,6 +548,22 @@ class PyIterator {
     return ElementToPy(**r, output_);
   }
 
+  // The position after the last next(), as bytes (Iterator::Save);
+  // Dataset.make_iterator(checkpoint=...) resumes there.
+  py::bytes Save() {
+    absl::StatusOr<std::string> saved;
+    {
+      py::gil_scoped_release release;
+      absl::MutexLock lock(&mu_);
+      if (it_ == nullptr) {
+        saved = absl::FailedPreconditionError("save: the iterator is closed");
+      } else {
+        saved = it_->Save();
+      }
+    }
+    return py::bytes(Check(std::move(saved)));
+  }
+
   // Releases the pipeline (and a service iteration) now; later next()
   // calls raise StopIteration. Views already taken stay valid.
   void Close() {
@@ -566,15 +582,18 @@ class PyIterator {
   const Output output_;
 };
 
-std::unique_ptr<PyIterator> MakeIterator(const Dataset& ds, const std::string& output) {
+std::unique_ptr<PyIterator> MakeIterator(const Dataset& ds, const std::string& output,
+                                         py::object checkpoint = py::none()) {
   Output o;
   if (output == "numpy") o = Output::kNumpy;
   else if (output == "tensor") o = Output::kTensor;
   else throw py::value_error("make_iterator: output must be 'numpy' or 'tensor'; got '" + output + "'");
+  std::optional<std::string> saved;
+  if (!checkpoint.is_none()) saved = py::cast<std::string>(py::bytes(checkpoint));
   absl::StatusOr<std::unique_ptr<Iterator>> it;
   {
     py::gil_scoped_release release;
-    it = ds.MakeIterator();
+    it = saved ? ds.MakeIterator(*saved) : ds.MakeIterator();
   }
   return std::make_unique<PyIterator>(Check(std::move(it)), o);
 }
@@ -805,6 +824,9 @@ void DefineDataset(py::module_& m) {
   py::class_<PyIterator>(m, "Iterator", "A pass over a dataset; next() releases the GIL.")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyIterator::Next)
+      .def("save", &PyIterator::Save,
+           "The position after the last next(), as bytes: make_iterator(checkpoint=...) of the "
+           "same dataset resumes there. NotImplementedError naming an op that cannot save.")
       .def("close", &PyIterator::Close)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyIterator& it, py::args) { it.Close(); });
@@ -939,7 +961,9 @@ library's message) when the step is invalid. Iterating starts a new pass.)doc");
   d.def("serialize", [](const Dataset& ds) { return py::bytes(Check(ds.Serialize())); });
   d.def("__repr__", &Dataset::DebugString);
   d.def("make_iterator", &MakeIterator, py::arg("output") = "numpy",
-        "A new pass. output='numpy': numpy arrays (bytes for strings); 'tensor': sluice.Tensor.");
+        py::arg("checkpoint") = py::none(),
+        "A new pass. output='numpy': numpy arrays (bytes for strings); 'tensor': sluice.Tensor. "
+        "checkpoint: bytes from Iterator.save() of this dataset: resume there.");
   d.def("__iter__", [](const Dataset& ds) { return MakeIterator(ds, "numpy"); });
 
   m.def("register_dataset",

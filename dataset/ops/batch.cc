@@ -120,6 +120,13 @@ class BatchIterator : public UnaryIterator {
     }
     return Some(std::move(out));
   }
+  // Nothing of its own between elements: its input's position.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveWithInput(state, {});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return RestoreWithInput(state, {});
+  }
 
  private:
   int64_t parallelism_ = 1;

@@ -26,6 +26,12 @@ class EnumerateIterator : public ForwardingIterator {
     for (auto& t : *e) out.push_back(std::move(t));
     return Some(std::move(out));
   }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveWithInput(state, {next_});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return RestoreWithInput(state, {&next_});
+  }
 
  private:
   int64_t next_;

@@ -43,6 +43,12 @@ class FilterIterator : public ForwardingIterator {
       if (keep[0].data()[0] != 0) return Some(std::move(*e));
     }
   }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveWithInput(state, {seeder_.untracked()});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return RestoreWithInput(state, {seeder_.untracked_position()});
+  }
 
  private:
   ElementSeeder seeder_;

@@ -64,6 +64,19 @@ class FromTensorsIterator : public NodeIterator {
     return Some(a_->elements[i_++]);
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveValues(state, {static_cast<int64_t>(i_)});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    int64_t i = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreValues(state, {&i}));
+    if (i < 0 || i > static_cast<int64_t>(a_->elements.size())) {
+      return CorruptCheckpoint(absl::StrCat("FromTensors position ", i, " of ",
+                                            a_->elements.size(), " elements"));
+    }
+    i_ = static_cast<size_t>(i);
+    return absl::OkStatus();
+  }
 
  private:
   size_t i_ = 0;

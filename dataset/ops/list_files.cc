@@ -48,6 +48,18 @@ class ListFilesIterator : public NodeIterator {
     return Some({Tensor::String(files_[i_++])});
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  // The position in the sorted list; the files are listed again on restore
+  // (a file added or removed since moves what follows).
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveValues(state, {static_cast<int64_t>(i_)});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    int64_t i = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreValues(state, {&i}));
+    if (i < 0) return CorruptCheckpoint("a negative ListFiles position");
+    i_ = static_cast<size_t>(i);
+    return absl::OkStatus();
+  }
 
  private:
   bool listed_ = false;

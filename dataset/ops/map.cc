@@ -33,6 +33,12 @@ class MapIterator : public ForwardingIterator {
   MapIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
       : ForwardingIterator(std::move(a), std::move(in)), seeder_(ctx, *a_) {}
   Result Next() override { return ApplyNext(*in_, *a_->fn, seeder_); }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveWithInput(state, {seeder_.untracked()});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return RestoreWithInput(state, {seeder_.untracked_position()});
+  }
 
  private:
   ElementSeeder seeder_;
@@ -96,6 +102,11 @@ class ParallelMapIterator : public UnaryIterator {
     return r;
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  absl::Status SaveState(proto::IteratorState*) const override {
+    return absl::UnimplementedError(
+        "Map with num_parallel_calls > 1 cannot save its position yet (Iterator::Save); a "
+        "sequential Map can");
+  }
 
  private:
   struct Shared {

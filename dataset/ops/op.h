@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -156,12 +157,31 @@ inline Result End() { return std::optional<Element>(); }
 inline Result Some(Element e) { return std::optional<Element>(std::move(e)); }
 
 // Holds the analysis (and so the definition) alive for the iterator's life.
+//
+// Checkpoints (dataset/checkpoint.cc): an op that can save its position
+// overrides SaveState (BeginSave, then its counters, elements and inputs'
+// states) and RestoreState (CheckState first: an iterator just made is
+// brought to the saved position); the others answer Unimplemented naming
+// the op.
 class NodeIterator : public Iterator {
  public:
   explicit NodeIterator(AnalysisPtr a) : a_(std::move(a)) {}
+  absl::Status SaveState(proto::IteratorState* state) const override;
+  absl::Status RestoreState(const proto::IteratorState& state) override;
 
  protected:
   const proto::DatasetNode& node() const { return *a_->node; }
+  // Names this op in `state`.
+  absl::Status BeginSave(proto::IteratorState* state) const;
+  // InvalidArgument unless `state` is this op's, with `values` counters and
+  // `inputs` inputs' states.
+  absl::Status CheckState(const proto::IteratorState& state, int values, int inputs) const;
+  // The common shape: this op's name and counters; restored (after
+  // CheckState with `inputs` inputs) into the variables pointed to.
+  absl::Status SaveValues(proto::IteratorState* state,
+                          std::initializer_list<int64_t> values) const;
+  absl::Status RestoreValues(const proto::IteratorState& state,
+                             std::initializer_list<int64_t*> values, int inputs = 0) const;
   AnalysisPtr a_;
 };
 
@@ -172,8 +192,26 @@ class UnaryIterator : public NodeIterator {
       : NodeIterator(std::move(a)), in_(std::move(in)) {}
 
  protected:
+  // SaveValues / RestoreValues, then the input's state.
+  absl::Status SaveWithInput(proto::IteratorState* state,
+                             std::initializer_list<int64_t> values) const {
+    SLUICE_RETURN_IF_ERROR(SaveValues(state, values));
+    return in_->SaveState(state->add_inputs());
+  }
+  absl::Status RestoreWithInput(const proto::IteratorState& state,
+                                std::initializer_list<int64_t*> values) {
+    SLUICE_RETURN_IF_ERROR(RestoreValues(state, values, 1));
+    return in_->RestoreState(state.inputs(0));
+  }
   std::unique_ptr<Iterator> in_;
 };
+
+// Checkpoint helpers: the op's name; InvalidArgument for a checkpoint that
+// does not fit; an element saved into / restored from state.elements.
+std::string OpNameOf(const proto::DatasetNode& node);
+absl::Status CorruptCheckpoint(absl::string_view why);
+absl::Status SaveElement(const Element& e, proto::IteratorState* state);
+absl::StatusOr<Element> RestoreElement(const proto::IteratorState& state, int i);
 
 // An op whose output elements are input elements (or made from one each,
 // in order): an element's key is its input's.
@@ -192,12 +230,15 @@ class ElementSeeder {
   ElementSeeder(const IteratorContext& ctx, const Analysis& a)
       : seed_(Mix(ctx.seed, static_cast<uint64_t>(a.functions_below))) {}
   uint64_t SeedFor(std::optional<uint64_t> key) {
-    return Mix(seed_, key ? *key : Mix(0x0c0ffee0c0ffee00ull, untracked_++));
+    return Mix(seed_, key ? *key : Mix(0x0c0ffee0c0ffee00ull, static_cast<uint64_t>(untracked_++)));
   }
+  // Its position, for checkpoints.
+  int64_t untracked() const { return untracked_; }
+  int64_t* untracked_position() { return &untracked_; }
 
  private:
   const uint64_t seed_;
-  uint64_t untracked_ = 0;
+  int64_t untracked_ = 0;
 };
 
 // OpDef::make_iterator of an op whose iterator is It(analysis, input

@@ -41,6 +41,16 @@ class RangeIterator : public NodeIterator {
     return Some({Tensor::Scalar<int64_t>(v)});
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveValues(state, {position_, int64_t{started_}, int64_t{done_}, cur_});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    int64_t started = 0, done = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreValues(state, {&position_, &started, &done, &cur_}));
+    started_ = started != 0;
+    done_ = done != 0;
+    return absl::OkStatus();
+  }
 
  private:
   int64_t position_ = 0;

@@ -55,9 +55,7 @@ class RepeatIterator : public NodeIterator {
     const int64_t count = node().repeat().count();
     while (count == -1 || epoch_ < count) {
       if (in_ == nullptr) {
-        IteratorContext ctx = ctx_;
-        ctx.salt = Mix(ctx_.salt, static_cast<uint64_t>(epoch_));
-        SLUICE_ASSIGN_OR_RETURN(in_, MakeNodeIterator(a_->inputs[0], ctx));
+        SLUICE_RETURN_IF_ERROR(OpenEpoch());
         produced_this_epoch_ = false;
       }
       SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
@@ -75,8 +73,30 @@ class RepeatIterator : public NodeIterator {
     return End();
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  // The epoch, and the current epoch's input when one is open.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    SLUICE_RETURN_IF_ERROR(BeginSave(state));
+    state->add_values(epoch_);
+    state->add_values(produced_this_epoch_);
+    return in_ != nullptr ? in_->SaveState(state->add_inputs()) : absl::OkStatus();
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    SLUICE_RETURN_IF_ERROR(CheckState(state, 2, state.inputs_size() > 0 ? 1 : 0));
+    epoch_ = state.values(0);
+    produced_this_epoch_ = state.values(1) != 0;
+    in_.reset();
+    if (state.inputs_size() == 0) return absl::OkStatus();
+    SLUICE_RETURN_IF_ERROR(OpenEpoch());
+    return in_->RestoreState(state.inputs(0));
+  }
 
  private:
+  absl::Status OpenEpoch() {
+    IteratorContext ctx = ctx_;
+    ctx.salt = Mix(ctx_.salt, static_cast<uint64_t>(epoch_));
+    SLUICE_ASSIGN_OR_RETURN(in_, MakeNodeIterator(a_->inputs[0], ctx));
+    return absl::OkStatus();
+  }
   bool EmptyEpochEnds(int64_t epoch) const {
     if (reads_service_) return false;
     return ctx_.splits == nullptr || !ctx_.splits->EpochHadSplits(epoch);

@@ -41,6 +41,12 @@ class ShardIterator : public ForwardingIterator {
       if (i % s.num_shards() == s.index()) return e;
     }
   }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveWithInput(state, {pos_});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return RestoreWithInput(state, {&pos_});
+  }
 
  private:
   int64_t pos_ = 0;

@@ -31,6 +31,12 @@ class SkipIterator : public ForwardingIterator {
     }
     return in_->Next();
   }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveWithInput(state, {skipped_});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return RestoreWithInput(state, {&skipped_});
+  }
 
  private:
   int64_t skipped_ = 0;

@@ -30,6 +30,12 @@ class TakeIterator : public ForwardingIterator {
     if (e) ++taken_;
     return e;
   }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveWithInput(state, {taken_});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return RestoreWithInput(state, {&taken_});
+  }
 
  private:
   int64_t taken_ = 0;

@@ -70,6 +70,17 @@ class UnbatchIterator : public UnaryIterator {
     ++row_;
     return Some(std::move(out));
   }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    if (row_ < rows_) SLUICE_RETURN_IF_ERROR(SaveElement(cur_, state));
+    return SaveWithInput(state, {row_, rows_});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    SLUICE_RETURN_IF_ERROR(RestoreWithInput(state, {&row_, &rows_}));
+    if (row_ < rows_) {
+      SLUICE_ASSIGN_OR_RETURN(cur_, RestoreElement(state, 0));
+    }
+    return absl::OkStatus();
+  }
 
  private:
   Element cur_;

@@ -41,6 +41,18 @@ class ZipIterator : public NodeIterator {
     }
     return Some(std::move(out));
   }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    SLUICE_RETURN_IF_ERROR(BeginSave(state));
+    for (const auto& it : in_) SLUICE_RETURN_IF_ERROR(it->SaveState(state->add_inputs()));
+    return absl::OkStatus();
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    SLUICE_RETURN_IF_ERROR(CheckState(state, 0, static_cast<int>(in_.size())));
+    for (size_t i = 0; i < in_.size(); ++i) {
+      SLUICE_RETURN_IF_ERROR(in_[i]->RestoreState(state.inputs(static_cast<int>(i))));
+    }
+    return absl::OkStatus();
+  }
 
  private:
   std::vector<std::unique_ptr<Iterator>> in_;

@@ -182,3 +182,21 @@ def test_images(tmp_path):
     shapes = [img.shape for img, _ in folder.map(
         (sluice.image.decode(sluice.io.read_file(x[0])), x[1]))]
     assert shapes == [(40, 60, 3)] * 3
+
+
+def test_an_iterator_saved_midway_resumes_where_it_was():
+    ds = sluice.Dataset.range(20).shuffle(8).map(x * 10).batch(3)
+    it = ds.make_iterator()
+    first = [next(it).tolist() for _ in range(2)]
+    checkpoint = it.save()
+    assert isinstance(checkpoint, bytes)
+    rest = [b.tolist() for b in it]
+    resumed = [b.tolist() for b in ds.make_iterator(checkpoint=checkpoint)]
+    assert resumed == rest
+    assert sorted(v for b in first + rest for v in b) == [v * 10 for v in range(20)]
+    with pytest.raises(ValueError, match="another pipeline"):
+        sluice.Dataset.range(21).make_iterator(checkpoint=checkpoint)
+    with pytest.raises(NotImplementedError, match="Prefetch"):
+        p = sluice.Dataset.range(5).prefetch(2).make_iterator()
+        next(p)
+        p.save()

@@ -1,0 +1,179 @@
+// Checkpoints of local iterators (Iterator::Save, Dataset::MakeIterator
+// with a checkpoint): the framing (format version, the pipeline's
+// fingerprint, the iteration's salt and seed) and the helpers the ops use
+// to save and restore their part (ops/op.h). docs/datasets.md,
+// "Checkpoints".
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "dataset/dataset.pb.h"
+#include "sluice/core/frame.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/dataset_internal.h"
+#include "sluice/dataset/ops/op.h"
+
+namespace sluice {
+
+absl::StatusOr<std::string> Iterator::Save() const {
+  return absl::UnimplementedError("this iterator cannot save its position");
+}
+
+absl::Status Iterator::SaveState(proto::IteratorState*) const {
+  return absl::UnimplementedError("this iterator cannot save its position");
+}
+
+absl::Status Iterator::RestoreState(const proto::IteratorState&) {
+  return absl::UnimplementedError("this iterator cannot restore a position");
+}
+
+namespace internal {
+
+std::string OpNameOf(const proto::DatasetNode& node) {
+  const OpDef* op = FindOp(node.op_case());
+  return op != nullptr ? op->name : "an empty node";
+}
+
+absl::Status NodeIterator::SaveState(proto::IteratorState*) const {
+  return absl::UnimplementedError(absl::StrCat(
+      OpNameOf(node()), " cannot save its position yet (Iterator::Save); the pipeline's "
+      "other ops can (docs/datasets.md, \"Checkpoints\")"));
+}
+
+absl::Status NodeIterator::RestoreState(const proto::IteratorState&) {
+  return absl::UnimplementedError(
+      absl::StrCat(OpNameOf(node()), " cannot restore a position (Iterator::Save)"));
+}
+
+absl::Status NodeIterator::BeginSave(proto::IteratorState* state) const {
+  state->set_op(OpNameOf(node()));
+  return absl::OkStatus();
+}
+
+absl::Status NodeIterator::CheckState(const proto::IteratorState& state, int values,
+                                      int inputs) const {
+  const std::string op = OpNameOf(node());
+  if (state.op() != op) {
+    return CorruptCheckpoint(absl::StrCat("it saved ", state.op().empty() ? "nothing" : state.op(),
+                                          " where the pipeline has ", op));
+  }
+  if (state.values_size() != values || state.inputs_size() != inputs) {
+    return CorruptCheckpoint(absl::StrCat(op, " saved ", state.values_size(), " value(s) and ",
+                                          state.inputs_size(), " input(s); expected ", values,
+                                          " and ", inputs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NodeIterator::SaveValues(proto::IteratorState* state,
+                                      std::initializer_list<int64_t> values) const {
+  SLUICE_RETURN_IF_ERROR(BeginSave(state));
+  for (int64_t v : values) state->add_values(v);
+  return absl::OkStatus();
+}
+
+absl::Status NodeIterator::RestoreValues(const proto::IteratorState& state,
+                                         std::initializer_list<int64_t*> values,
+                                         int inputs) const {
+  SLUICE_RETURN_IF_ERROR(CheckState(state, static_cast<int>(values.size()), inputs));
+  int i = 0;
+  for (int64_t* v : values) *v = state.values(i++);
+  return absl::OkStatus();
+}
+
+absl::Status CorruptCheckpoint(absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the checkpoint does not fit this pipeline or is corrupt: ", why));
+}
+
+absl::Status SaveElement(const Element& e, proto::IteratorState* state) {
+  SLUICE_ASSIGN_OR_RETURN(OwnedFrame f, EncodeFrame(e));
+  state->add_elements(reinterpret_cast<const char*>(f.data.get()), f.size);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Element> RestoreElement(const proto::IteratorState& state, int i) {
+  if (i < 0 || i >= state.elements_size()) {
+    return CorruptCheckpoint(absl::StrCat(state.op(), " holds no element ", i));
+  }
+  const std::string& bytes = state.elements(i);
+  // Frames are decoded in place; give them the alignment they were written with.
+  std::shared_ptr<uint8_t> buf(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes.size() + 63) / 64 * 64 + 64)),
+                               [](uint8_t* p) { std::free(p); });
+  if (buf == nullptr) return absl::ResourceExhaustedError("cannot allocate a restored element");
+  std::memcpy(buf.get(), bytes.data(), bytes.size());
+  auto decoded = DecodeFrame(buf.get(), bytes.size(), buf);
+  if (!decoded.ok()) {
+    return CorruptCheckpoint(absl::StrCat(state.op(), "'s element ", i, ": ",
+                                          decoded.status().message()));
+  }
+  return std::move(decoded->element);
+}
+
+namespace {
+
+// The iterator Dataset::MakeIterator returns: what Save() frames.
+class RootIterator : public Iterator {
+ public:
+  RootIterator(std::unique_ptr<Iterator> in, uint64_t fingerprint, const IteratorContext& ctx)
+      : in_(std::move(in)), fingerprint_(fingerprint), salt_(ctx.salt), seed_(ctx.seed) {}
+  absl::StatusOr<std::optional<Element>> Next() override { return in_->Next(); }
+  std::optional<uint64_t> ElementKey() const override { return in_->ElementKey(); }
+  absl::StatusOr<std::string> Save() const override {
+    proto::IteratorCheckpoint c;
+    c.set_format_version(kCheckpointFormatVersion);
+    c.set_fingerprint(fingerprint_);
+    c.set_salt(salt_);
+    c.set_seed(seed_);
+    SLUICE_RETURN_IF_ERROR(in_->SaveState(c.mutable_root()));
+    return c.SerializeAsString();
+  }
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return in_->SaveState(state);
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    return in_->RestoreState(state);
+  }
+
+ private:
+  std::unique_ptr<Iterator> in_;
+  const uint64_t fingerprint_, salt_, seed_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Iterator>> MakeRootIterator(AnalysisPtr analysis,
+                                                           const IteratorContext& ctx,
+                                                           uint64_t fingerprint) {
+  SLUICE_ASSIGN_OR_RETURN(auto it, MakeNodeIterator(std::move(analysis), ctx));
+  return std::unique_ptr<Iterator>(new RootIterator(std::move(it), fingerprint, ctx));
+}
+
+absl::StatusOr<std::unique_ptr<Iterator>> RestoreRootIterator(AnalysisPtr analysis,
+                                                              IteratorContext ctx,
+                                                              uint64_t fingerprint,
+                                                              const std::string& checkpoint) {
+  proto::IteratorCheckpoint c;
+  if (!c.ParseFromString(checkpoint)) {
+    return absl::InvalidArgumentError(
+        "the checkpoint cannot be parsed: truncated, corrupt or not a sluice checkpoint");
+  }
+  if (c.format_version() != kCheckpointFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint has format version ", c.format_version(), "; this sluice reads version ",
+        kCheckpointFormatVersion));
+  }
+  if (c.fingerprint() != fingerprint) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint is of another pipeline (fingerprint ", c.fingerprint(),
+        "; this dataset's is ", fingerprint, ")"));
+  }
+  ctx.salt = c.salt();
+  ctx.seed = c.seed();
+  SLUICE_ASSIGN_OR_RETURN(auto it, MakeRootIterator(std::move(analysis), ctx, fingerprint));
+  SLUICE_RETURN_IF_ERROR(it->RestoreState(c.root()));
+  return it;
+}
+
+}  // namespace internal
+}  // namespace sluice

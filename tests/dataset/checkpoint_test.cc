@@ -1,0 +1,132 @@
+// Checkpoints of local iterators (Iterator::Save, Dataset::MakeIterator
+// with a checkpoint; docs/datasets.md, "Checkpoints"): an iterator restored
+// from a checkpoint returns exactly what the saved one would have returned
+// next, wherever it was saved; a checkpoint of another pipeline or a
+// damaged one is InvalidArgument; an op that cannot save says so.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dataset/dataset.pb.h"
+#include "sluice/core/status.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/expr.h"
+#include "tests/dataset/dataset_test_util.h"
+#include "tests/test_util.h"
+
+namespace sluice {
+namespace {
+
+using expr::x;
+
+std::vector<std::string> Rest(Iterator& it) {
+  std::vector<std::string> out;
+  while (true) {
+    auto e = it.Next();
+    EXPECT_OK(e.status());
+    if (!e.ok() || !e->has_value()) return out;
+    out.push_back(ElementDebugString(**e));
+  }
+}
+
+// Saves after every prefix length 0..n (n: the whole output, then past the
+// end) and checks that the restored iterator continues as the saved one.
+void ExpectResumesEverywhere(const Dataset& ds) {
+  ASSERT_OK(ds.status());
+  ASSERT_OK_AND_ASSIGN(auto probe, ds.MakeIterator());
+  const size_t n = Rest(*probe).size();
+  for (size_t k = 0; k <= n + 1; ++k) {
+    SCOPED_TRACE(absl::StrCat("saved after ", k, " of ", n, " elements"));
+    ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+    for (size_t i = 0; i < k; ++i) ASSERT_OK(it->Next().status());
+    ASSERT_OK_AND_ASSIGN(std::string checkpoint, it->Save());
+    const std::vector<std::string> want = Rest(*it);
+    ASSERT_OK_AND_ASSIGN(auto restored, ds.MakeIterator(checkpoint));
+    EXPECT_EQ(Rest(*restored), want);
+    // A checkpoint of a restored iterator is as good.
+    ASSERT_OK_AND_ASSIGN(auto again, ds.MakeIterator(checkpoint));
+    if (!want.empty()) ASSERT_OK(again->Next().status());
+    ASSERT_OK_AND_ASSIGN(std::string second, again->Save());
+    ASSERT_OK_AND_ASSIGN(auto twice, ds.MakeIterator(second));
+    EXPECT_EQ(Rest(*twice), want.empty() ? want : std::vector<std::string>(want.begin() + 1,
+                                                                           want.end()));
+  }
+}
+
+TEST(CheckpointTest, SourcesAndElementwiseOpsResumeWhereTheyWereSaved) {
+  ExpectResumesEverywhere(Dataset::Range(10));
+  ExpectResumesEverywhere(Dataset::Range(3, -9, -4));
+  ExpectResumesEverywhere(Dataset::Range(50).Map(x * 2).Filter(x % 3 == 0));
+  ExpectResumesEverywhere(
+      Dataset::FromTensors({{Tensor::String("a")}, {Tensor::String("b")}, {Tensor::String("c")}}));
+  ExpectResumesEverywhere(Dataset::Zip({Dataset::Range(10), Dataset::Range(10, 17)}).Enumerate(100));
+  ExpectResumesEverywhere(Dataset::Range(30).Shard(3, 1).Take(6).Skip(2));
+}
+
+TEST(CheckpointTest, BatchesAndTheRowsOfAnUnbatchedOneResume) {
+  ExpectResumesEverywhere(Dataset::Range(23).Batch(5));
+  ExpectResumesEverywhere(Dataset::Range(23).Batch(5, /*drop_remainder=*/true).Unbatch());
+}
+
+// A shuffle buffer is saved as data with its generator's state: even an
+// unseeded shuffle, reshuffled every epoch, continues in the same order.
+TEST(CheckpointTest, ShuffleAndRepeatContinueInTheSameRandomOrder) {
+  ExpectResumesEverywhere(Dataset::Range(40).Shuffle(16).Take(30));
+  ExpectResumesEverywhere(Dataset::Range(7).Shuffle(4).Repeat(3));
+  ExpectResumesEverywhere(Dataset::Range(9).Shuffle(5, 42).Batch(2).Repeat(2).Unbatch());
+}
+
+TEST(CheckpointTest, ListFilesResumesAtItsPositionInTheSortedList) {
+  sluice_test::TempDir dir;
+  for (int i = 0; i < 6; ++i) std::ofstream(dir.File(absl::StrCat("f", i))) << i;
+  ExpectResumesEverywhere(Dataset::ListFiles(dir.path() + "/f*"));
+}
+
+TEST(CheckpointTest, ACheckpointOfAnotherPipelineOrADamagedOneIsInvalidArgument) {
+  const Dataset ds = Dataset::Range(10).Map(x + 1);
+  ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+  ASSERT_OK(it->Next().status());
+  ASSERT_OK_AND_ASSIGN(std::string checkpoint, it->Save());
+  EXPECT_STATUS(Dataset::Range(10).Map(x + 2).MakeIterator(checkpoint),
+                absl::StatusCode::kInvalidArgument, "another pipeline");
+  EXPECT_STATUS(ds.MakeIterator(checkpoint.substr(0, checkpoint.size() / 2)),
+                absl::StatusCode::kInvalidArgument, "checkpoint");
+  EXPECT_STATUS(ds.MakeIterator("not a checkpoint at all"), absl::StatusCode::kInvalidArgument,
+                "checkpoint");
+  proto::IteratorCheckpoint c;
+  ASSERT_TRUE(c.ParseFromString(checkpoint));
+  proto::IteratorCheckpoint version = c;
+  version.set_format_version(99);
+  EXPECT_STATUS(ds.MakeIterator(version.SerializeAsString()), absl::StatusCode::kInvalidArgument,
+                "format version 99");
+  proto::IteratorCheckpoint wrong_op = c;
+  wrong_op.mutable_root()->set_op("Shuffle");
+  EXPECT_STATUS(ds.MakeIterator(wrong_op.SerializeAsString()), absl::StatusCode::kInvalidArgument,
+                "saved Shuffle where the pipeline has Map");
+  proto::IteratorCheckpoint no_input = c;
+  no_input.mutable_root()->clear_inputs();
+  EXPECT_STATUS(ds.MakeIterator(no_input.SerializeAsString()),
+                absl::StatusCode::kInvalidArgument, "0 input(s)");
+}
+
+TEST(CheckpointTest, AnOpThatCannotSaveIsNamedAndAFailedIteratorCannotSave) {
+  auto save_after_one = [](const Dataset& ds) -> absl::StatusOr<std::string> {
+    SLUICE_ASSIGN_OR_RETURN(auto it, ds.MakeIterator());
+    SLUICE_RETURN_IF_ERROR(it->Next().status());
+    return it->Save();
+  };
+  EXPECT_STATUS(save_after_one(Dataset::Range(10).Prefetch(2)), absl::StatusCode::kUnimplemented,
+                "Prefetch cannot save its position yet");
+  EXPECT_STATUS(save_after_one(Dataset::Range(10).Map(x + 1, 4)),
+                absl::StatusCode::kUnimplemented, "num_parallel_calls");
+  EXPECT_STATUS(save_after_one(Dataset::Range(4).Interleave(
+                    [](const Dataset& d) { return d.Repeat(2); }, 2)),
+                absl::StatusCode::kUnimplemented, "Interleave");
+  ASSERT_OK_AND_ASSIGN(auto failing, Dataset::Range(10).Map(x / (x - 1)).MakeIterator());
+  ASSERT_OK(failing->Next().status());
+  ASSERT_FALSE(failing->Next().ok());
+  EXPECT_STATUS(failing->Save(), absl::StatusCode::kFailedPrecondition, "failed");
+}
+
+}  // namespace
+}  // namespace sluice
