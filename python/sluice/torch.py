@@ -99,6 +99,14 @@ class IterableDataset(_data.IterableDataset):
     batches (Dataset.batch) and runs the pipeline on its own threads or the
     service's workers; DataLoader worker processes would each read the whole
     dataset, so they are refused.
+
+    Checkpoints follow torch's state_dict convention (torchdata's
+    StatefulDataLoader, torch.distributed.checkpoint's Stateful):
+    state_dict() is the position of the pass under way, after the last
+    element it yielded, and load_state_dict(state) makes the next pass
+    resume there (local pipelines; docs/datasets.md, "Checkpoints"). Save
+    it with the model's state: with DataLoader(num_workers=0) the position
+    is exactly what the training loop received.
     """
 
     def __init__(self, dataset, device=None, _make_event=None):
@@ -111,6 +119,22 @@ class IterableDataset(_data.IterableDataset):
         # (DeviceCopier), e.g. "cuda:0".
         self.device = None if device is None else _torch.device(device)
         self._make_event = _make_event
+        self._iterator = None  # the pass under way
+        self._resume = None    # a checkpoint the next pass starts from
+
+    def state_dict(self):
+        """{"sluice_checkpoint": bytes}: the pass under way's position (or
+        the one loaded and not yet resumed); {} when the next pass starts
+        from the beginning."""
+        if self._iterator is not None:
+            return {"sluice_checkpoint": self._iterator.save()}
+        return {} if self._resume is None else {"sluice_checkpoint": self._resume}
+
+    def load_state_dict(self, state_dict):
+        """The next pass resumes where state_dict() was taken ({}: from
+        the beginning). ValueError (at the next pass) for a checkpoint of
+        another pipeline."""
+        self._resume = state_dict.get("sluice_checkpoint")
 
     def __iter__(self):
         if _data.get_worker_info() is not None:
@@ -120,7 +144,9 @@ class IterableDataset(_data.IterableDataset):
         copier = None
         if self.device is not None:
             copier = DeviceCopier(self.device, self._make_event)
-        it = self.dataset.make_iterator(output="tensor")
+        it = self.dataset.make_iterator(output="tensor", checkpoint=self._resume)
+        self._resume = None
+        self._iterator = it
         try:
             for element in it:
                 out = to_torch(element)
@@ -128,6 +154,8 @@ class IterableDataset(_data.IterableDataset):
                     out = tuple(map(copier, out)) if isinstance(out, tuple) else copier(out)
                 yield out
         finally:
+            if self._iterator is it:
+                self._iterator = None
             if copier is not None:
                 copier.synchronize()
             it.close()

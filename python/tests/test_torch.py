@@ -121,3 +121,27 @@ def test_iterable_dataset_with_a_device_copies_every_component_and_drains_at_the
                                                           ([3, 4, 5], [6, 8, 10])]
     assert _FakeEvent.recorded == 4  # one per copied component
     assert _FakeEvent.done  # the iterator's end waited for the copies
+
+
+def test_state_dict_resumes_a_dataloader_where_the_training_loop_was(tmp_path):
+    ds = sluice.Dataset.range(30).shuffle(8).batch(4)
+    data = sluice.torch.IterableDataset(ds)
+    assert data.state_dict() == {}
+    loader = iter(torch.utils.data.DataLoader(data, batch_size=None))
+    seen = [next(loader).tolist() for _ in range(3)]
+    torch.save({"data": data.state_dict()}, tmp_path / "ckpt.pt")
+    rest = [b.tolist() for b in loader]
+    assert sorted(v for b in seen + rest for v in b) == list(range(30))
+    # A restarted trainer: a new dataset object, the state loaded from disk.
+    again = sluice.torch.IterableDataset(ds)
+    again.load_state_dict(torch.load(tmp_path / "ckpt.pt")["data"])
+    assert again.state_dict() != {}
+    resumed = [b.tolist() for b in torch.utils.data.DataLoader(again, batch_size=None)]
+    assert resumed == rest
+    # Then the next pass starts from the beginning.
+    assert again.state_dict() == {}
+    assert sorted(v for b in again for v in b.tolist()) == list(range(30))
+    other = sluice.torch.IterableDataset(sluice.Dataset.range(31).batch(4))
+    other.load_state_dict(data.state_dict() or {"sluice_checkpoint": b"junk"})
+    with pytest.raises(ValueError):
+        next(iter(other))
