@@ -81,6 +81,59 @@ absl::Status NodeIterator::RestoreValues(const proto::IteratorState& state,
   return absl::OkStatus();
 }
 
+absl::Status SaveHeld(const std::vector<const HeldResult*>& held, proto::IteratorState* state) {
+  int64_t elements = 0, terminal = 0, code = 0;
+  for (const HeldResult* h : held) {
+    if (h->result.ok() && h->result->has_value()) {
+      SLUICE_RETURN_IF_ERROR(SaveElement(**h->result, state));
+      ++elements;
+      continue;
+    }
+    terminal = h->result.ok() ? 1 : 2;  // what follows it is never delivered
+    if (!h->result.ok()) {
+      code = static_cast<int64_t>(h->result.status().code());
+      state->set_blob(std::string(h->result.status().message()));
+    }
+    break;
+  }
+  for (int64_t v : {elements, terminal, code}) state->add_values(v);
+  for (int64_t i = 0; i < elements; ++i) {
+    state->add_values(held[i]->key.has_value());
+    state->add_values(static_cast<int64_t>(held[i]->key.value_or(0)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<HeldResult>> RestoreHeld(const proto::IteratorState& state,
+                                                    int first) {
+  if (first < 0 || state.values_size() < first + 3) {
+    return CorruptCheckpoint(absl::StrCat(state.op(), " saved no held results"));
+  }
+  const int64_t elements = state.values(first), terminal = state.values(first + 1);
+  if (elements != state.elements_size() || terminal < 0 || terminal > 2 ||
+      state.values_size() != first + 3 + 2 * elements) {
+    return CorruptCheckpoint(absl::StrCat(state.op(), "'s held results do not add up"));
+  }
+  std::vector<HeldResult> out;
+  for (int i = 0; i < elements; ++i) {
+    SLUICE_ASSIGN_OR_RETURN(Element e, RestoreElement(state, i));
+    HeldResult h{Result(std::optional<Element>(std::move(e))), std::nullopt};
+    if (state.values(first + 3 + 2 * i) != 0) {
+      h.key = static_cast<uint64_t>(state.values(first + 4 + 2 * i));
+    }
+    out.push_back(std::move(h));
+  }
+  if (terminal == 1) out.push_back({Result(std::optional<Element>()), std::nullopt});
+  if (terminal == 2) {
+    const auto code = static_cast<absl::StatusCode>(state.values(first + 2));
+    out.push_back({Result(absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown
+                                                                     : code,
+                                       state.blob())),
+                   std::nullopt});
+  }
+  return out;
+}
+
 absl::Status CorruptCheckpoint(absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat("the checkpoint does not fit this pipeline or is corrupt: ", why));

@@ -64,18 +64,17 @@ class StickyIterator : public Iterator {
       return absl::FailedPreconditionError(absl::StrCat(
           "an iterator that failed cannot save its position: ", terminal_->status().message()));
     }
-    state->set_op(kEnded);
+    state->set_op(kEndedState);
     return absl::OkStatus();
   }
   absl::Status RestoreState(const proto::IteratorState& state) override {
-    if (state.op() != kEnded) return in_->RestoreState(state);
+    if (state.op() != kEndedState) return in_->RestoreState(state);
     terminal_ = Result(std::optional<Element>());
     in_.reset();
     return absl::OkStatus();
   }
 
  private:
-  static constexpr char kEnded[] = "<ended>";
   std::unique_ptr<Iterator> in_;
   std::optional<Result> terminal_;
 };

@@ -80,6 +80,12 @@ class ParallelMapIterator : public UnaryIterator {
   // Once kAutotune chose to run calls here, what is in flight is delivered
   // first, then the input is mapped on this thread.
   Result Next() override {
+    if (!restored_.empty()) {  // results saved in a checkpoint come first
+      key_ = restored_.front().second;
+      Element e = std::move(restored_.front().first);
+      restored_.pop_front();
+      return Some(std::move(e));
+    }
     if (!inline_) Fill();
     if (window_.empty()) {
       if (!inline_ || input_done_) return Finish();
@@ -102,10 +108,43 @@ class ParallelMapIterator : public UnaryIterator {
     return r;
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
-  absl::Status SaveState(proto::IteratorState*) const override {
-    return absl::UnimplementedError(
-        "Map with num_parallel_calls > 1 cannot save its position yet (Iterator::Save); a "
-        "sequential Map can");
+  // The calls in flight are waited for and saved as their results (the
+  // input's position is past their elements), with the input's end or
+  // error when it was reached.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    SLUICE_RETURN_IF_ERROR(SaveValues(state, {seeder_.untracked()}));
+    std::vector<HeldResult> results;
+    for (const auto& c : window_) {
+      c->task->Wait();
+      results.push_back({c->result, c->key});
+    }
+    if (input_done_) results.push_back({input_end_.ok() ? End() : Result(input_end_), {}});
+    std::vector<HeldResult> earlier;  // restored, not yet delivered
+    for (const auto& [e, key] : restored_) earlier.push_back({Some(e), key});
+    std::vector<const HeldResult*> held;
+    for (const HeldResult& h : earlier) held.push_back(&h);
+    for (const HeldResult& h : results) held.push_back(&h);
+    SLUICE_RETURN_IF_ERROR(SaveHeld(held, state));
+    if (input_done_) {  // the input is done with
+      state->add_inputs()->set_op(kEndedState);
+      return absl::OkStatus();
+    }
+    return in_->SaveState(state->add_inputs());
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    SLUICE_RETURN_IF_ERROR(CheckState(state, state.values_size(), 1));
+    if (state.values_size() < 1) return CorruptCheckpoint("Map saved no seeder position");
+    *seeder_.untracked_position() = state.values(0);
+    SLUICE_ASSIGN_OR_RETURN(std::vector<HeldResult> held, RestoreHeld(state, 1));
+    for (HeldResult& h : held) {
+      if (h.result.ok() && h.result->has_value()) {
+        restored_.emplace_back(std::move(**h.result), h.key);
+      } else {  // the input's end or error, after the results before it
+        input_done_ = true;
+        input_end_ = h.result.ok() ? absl::OkStatus() : h.result.status();
+      }
+    }
+    return in_->RestoreState(state.inputs(0));
   }
 
  private:
@@ -214,6 +253,8 @@ class ParallelMapIterator : public UnaryIterator {
 
   std::shared_ptr<Shared> st_;
   ElementSeeder seeder_;
+  // Results from a checkpoint (with their keys), delivered first.
+  std::deque<std::pair<Element, std::optional<uint64_t>>> restored_;
   std::optional<uint64_t> key_;  // of the element last returned
   std::deque<std::shared_ptr<Call>> window_;
   int64_t parallelism_ = 1;

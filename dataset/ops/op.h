@@ -206,12 +206,27 @@ class UnaryIterator : public NodeIterator {
   std::unique_ptr<Iterator> in_;
 };
 
+// The state of an input that reached its end (or an error an op holds
+// ahead): restoring it gives an iterator at its end.
+inline constexpr char kEndedState[] = "<ended>";
+
 // Checkpoint helpers: the op's name; InvalidArgument for a checkpoint that
 // does not fit; an element saved into / restored from state.elements.
 std::string OpNameOf(const proto::DatasetNode& node);
 absl::Status CorruptCheckpoint(absl::string_view why);
 absl::Status SaveElement(const Element& e, proto::IteratorState* state);
 absl::StatusOr<Element> RestoreElement(const proto::IteratorState& state, int i);
+// Results an op holds ahead of its consumer (Prefetch's buffer, a parallel
+// Map's calls): elements with their keys, perhaps ending in the input's end
+// or an error (nothing after such a terminal result is saved). SaveHeld
+// appends them (3 + 2 per element values, the elements, the error's
+// message in blob); RestoreHeld reads them back from values[first] on.
+struct HeldResult {
+  Result result;
+  std::optional<uint64_t> key;
+};
+absl::Status SaveHeld(const std::vector<const HeldResult*>& held, proto::IteratorState* state);
+absl::StatusOr<std::vector<HeldResult>> RestoreHeld(const proto::IteratorState& state, int first);
 
 // An op whose output elements are input elements (or made from one each,
 // in order): an element's key is its input's.

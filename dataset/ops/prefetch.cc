@@ -51,7 +51,7 @@ class PrefetchIterator : public UnaryIterator {
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(
-        +[](std::deque<Item>* b) { return !b->empty(); }, &buf_));
+        +[](std::deque<HeldResult>* b) { return !b->empty(); }, &buf_));
     Result r = buf_.front().result;
     key_ = buf_.front().key;
     // The terminal result (end or error) stays queued so it repeats.
@@ -63,40 +63,79 @@ class PrefetchIterator : public UnaryIterator {
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
 
+  // The producer is held between elements meanwhile: the buffer (as data)
+  // and the input's position then agree.
+  absl::Status SaveState(proto::IteratorState* state) const override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    pause_ = true;
+    mu_.Await(absl::Condition(
+        +[](bool* producing) { return !*producing; }, &producing_));
+    absl::Status s = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      SLUICE_RETURN_IF_ERROR(BeginSave(state));
+      std::vector<const HeldResult*> held;
+      for (const HeldResult& h : buf_) held.push_back(&h);
+      SLUICE_RETURN_IF_ERROR(SaveHeld(held, state));
+      if (!buf_.empty() && Terminal(buf_.back())) {  // the input is done with
+        state->add_inputs()->set_op(kEndedState);
+        return absl::OkStatus();
+      }
+      return in_->SaveState(state->add_inputs());
+    }();
+    pause_ = false;
+    return s;
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override ABSL_LOCKS_EXCLUDED(mu_) {
+    SLUICE_RETURN_IF_ERROR(CheckState(state, state.values_size(), 1));
+    SLUICE_ASSIGN_OR_RETURN(std::vector<HeldResult> held, RestoreHeld(state, 0));
+    SLUICE_RETURN_IF_ERROR(in_->RestoreState(state.inputs(0)));
+    absl::MutexLock l(&mu_);
+    for (HeldResult& h : held) {
+      bytes_ += ByteSize(h.result);
+      buf_.push_back(std::move(h));
+    }
+    return absl::OkStatus();
+  }
+
  private:
+  static bool Terminal(const HeldResult& h) { return !h.result.ok() || !h.result->has_value(); }
+
   void Run() ABSL_LOCKS_EXCLUDED(mu_) {
     const bool autotune = node().prefetch().buffer_size() == kAutotune;
     const size_t cap = autotune ? static_cast<size_t>(std::max(2, ThreadPoolSize()))
                                 : static_cast<size_t>(node().prefetch().buffer_size());
     const size_t max_bytes = autotune ? kAutotuneBytes : SIZE_MAX;
     auto has_room = [this, cap, max_bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || buf_.empty() || (buf_.size() < cap && bytes_ < max_bytes);
+      return stop_ || (!pause_ && (buf_.empty() || (buf_.size() < cap && bytes_ < max_bytes)));
     };
     while (true) {
       {
         absl::MutexLock l(&mu_);
+        // A restored buffer may already hold the end.
+        if (!buf_.empty() && Terminal(buf_.back())) return;
         mu_.Await(absl::Condition(&has_room));
         if (stop_) return;
+        producing_ = true;
       }
-      Item item{in_->Next(), std::nullopt};
-      bool terminal = !item.result.ok() || !item.result->has_value();
+      HeldResult item{in_->Next(), std::nullopt};
+      bool terminal = Terminal(item);
       if (!terminal) item.key = in_->ElementKey();
       absl::MutexLock l(&mu_);
+      producing_ = false;
       bytes_ += ByteSize(item.result);
       buf_.push_back(std::move(item));
       if (terminal) return;
     }
   }
 
-  struct Item {
-    Result result;
-    std::optional<uint64_t> key;
-  };
-  absl::Mutex mu_;
-  std::deque<Item> buf_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex mu_;
+  std::deque<HeldResult> buf_ ABSL_GUARDED_BY(mu_);
   std::optional<uint64_t> key_;  // the consumer's: of the element last returned
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Save holds the producer between elements (pause_) once it is outside
+  // the input (producing_ false).
+  mutable bool pause_ ABSL_GUARDED_BY(mu_) = false;
+  mutable bool producing_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
