@@ -30,6 +30,15 @@ absl::StatusOr<std::unique_ptr<TFRecordReader>> TFRecordReader::Open(const std::
 
 TFRecordReader::~TFRecordReader() { std::fclose(f_); }
 
+absl::Status TFRecordReader::Seek(uint64_t offset) {
+  if (offset > static_cast<uint64_t>(std::numeric_limits<long>::max()) ||
+      std::fseek(f_, static_cast<long>(offset), SEEK_SET) != 0) {
+    return Errno("cannot seek in", path_);
+  }
+  offset_ = offset;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::optional<std::string>> TFRecordReader::Next() {
   uint8_t head[12];
   size_t got = std::fread(head, 1, sizeof(head), f_);

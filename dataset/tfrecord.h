@@ -31,6 +31,10 @@ class TFRecordReader {
   // The next record, nullopt at a clean end of file; DataLoss for a
   // truncated record or a CRC mismatch (naming the file and offset).
   absl::StatusOr<std::optional<std::string>> Next();
+  // Where the next record starts, and going back there (checkpoints).
+  uint64_t offset() const { return offset_; }
+  absl::Status Seek(uint64_t offset);
+  const std::string& path() const { return path_; }
 
  private:
   TFRecordReader(std::string path, std::FILE* f) : path_(std::move(path)), f_(f) {}

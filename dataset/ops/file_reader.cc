@@ -33,6 +33,25 @@ absl::Status AnalyzeReader(Analysis& a, absl::string_view op) {
   return absl::OkStatus();
 }
 
+absl::Status FileReaderIterator::SaveReader(proto::IteratorState* state,
+                                            const std::string& open_file,
+                                            std::initializer_list<int64_t> values) const {
+  SLUICE_RETURN_IF_ERROR(SaveValues(state, values));
+  state->add_names(open_file);
+  for (const std::string& f : pending_) state->add_names(f);
+  return files_->SaveState(state->add_inputs());
+}
+
+absl::Status FileReaderIterator::RestoreReader(const proto::IteratorState& state,
+                                               std::string* open_file,
+                                               std::initializer_list<int64_t*> values) {
+  SLUICE_RETURN_IF_ERROR(RestoreValues(state, values, 1));
+  if (state.names_size() < 1) return CorruptCheckpoint(absl::StrCat(state.op(), " saved no file"));
+  *open_file = state.names(0);
+  pending_.assign(state.names().begin() + 1, state.names().end());
+  return files_->RestoreState(state.inputs(0));
+}
+
 absl::StatusOr<std::optional<std::string>> FileReaderIterator::NextFile(absl::string_view op) {
   while (pending_.empty()) {
     SLUICE_ASSIGN_OR_RETURN(auto e, files_->Next());

@@ -38,6 +38,13 @@ class FileReaderIterator : public NodeIterator {
  protected:
   // The next file name, nullopt when the input is exhausted.
   absl::StatusOr<std::optional<std::string>> NextFile(absl::string_view op);
+  // Checkpoints: the file the reader has open (empty: none) with its
+  // counters `values`, the files named but not opened yet, and the input;
+  // restored into `open_file` and the variables `values` point to.
+  absl::Status SaveReader(proto::IteratorState* state, const std::string& open_file,
+                          std::initializer_list<int64_t> values) const;
+  absl::Status RestoreReader(const proto::IteratorState& state, std::string* open_file,
+                             std::initializer_list<int64_t*> values);
 
  private:
   std::unique_ptr<Iterator> files_;

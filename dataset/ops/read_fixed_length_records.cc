@@ -47,6 +47,25 @@ class FixedLengthIterator : public FileReaderIterator {
       f_ = nullptr;
     }
   }
+  // The open file, its records left and where the next one starts.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    if (f_ == nullptr) return SaveReader(state, "", {0, 0});
+    return SaveReader(state, path_, {remaining_, static_cast<int64_t>(std::ftell(f_))});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    std::string open;
+    int64_t remaining = 0, position = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreReader(state, &open, {&remaining, &position}));
+    if (open.empty()) return absl::OkStatus();
+    if (remaining < 0 || position < 0) return CorruptCheckpoint("a negative record position");
+    SLUICE_RETURN_IF_ERROR(Open(open, node().read_fixed_length_records()));
+    if (std::fseek(f_, static_cast<long>(position), SEEK_SET) != 0) {
+      return absl::DataLossError(absl::StrCat("ReadFixedLengthRecords: cannot seek in '", path_,
+                                              "': ", std::strerror(errno)));
+    }
+    remaining_ = remaining;
+    return absl::OkStatus();
+  }
 
  private:
   absl::Status Open(const std::string& name, const proto::DatasetNode::ReadFixedLengthRecords& r) {

@@ -22,6 +22,20 @@ class ReadRecordsIterator : public FileReaderIterator {
       reader_.reset();
     }
   }
+  // The open file and the offset of its next record.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    if (reader_ == nullptr) return SaveReader(state, "", {0});
+    return SaveReader(state, reader_->path(), {static_cast<int64_t>(reader_->offset())});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    std::string open;
+    int64_t offset = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreReader(state, &open, {&offset}));
+    if (open.empty()) return absl::OkStatus();
+    if (offset < 0) return CorruptCheckpoint("a negative ReadRecords offset");
+    SLUICE_ASSIGN_OR_RETURN(reader_, TFRecordReader::Open(open));
+    return reader_->Seek(static_cast<uint64_t>(offset));
+  }
 
  private:
   std::unique_ptr<TFRecordReader> reader_;
