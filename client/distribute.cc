@@ -235,6 +235,14 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
+  // Service checkpoints (a consumer's delivered splits and rounds) are
+  // not implemented yet.
+  absl::Status SaveState(proto::IteratorState*) const override {
+    return absl::UnimplementedError(
+        "Distribute cannot save its position yet (Iterator::Save): a service iterator's "
+        "checkpoint is not implemented; local pipelines can save theirs");
+  }
+
   absl::StatusOr<std::optional<Element>> Next() override ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<internal::PlannedRequest> planned;
     absl::StatusOr<std::optional<Element>> out = std::optional<Element>();

@@ -60,10 +60,8 @@ class CycleIterator : public NodeIterator {
           in_done_ = true;
           continue;
         }
-        IteratorContext ctx = ctx_;
-        ctx.salt = Mix(ctx_.salt, opened_++);
-        ctx.placeholder = &*e;
-        SLUICE_ASSIGN_OR_RETURN(auto it, MakeNodeIterator(a_->sub, ctx));
+        SLUICE_ASSIGN_OR_RETURN(auto it, MakeSlotIterator(*e, opened_));
+        origins_[cycle_] = Origin{std::move(*e), opened_++};
         OpenSlot(cycle_, std::move(it));
         ++open_;
       } else {
@@ -73,7 +71,59 @@ class CycleIterator : public NodeIterator {
     return End();
   }
 
+  // Checkpoints: the cycle's position, the input's, and per slot the input
+  // element that opened it (its dataset is made again from it), what the
+  // slot holds read ahead and its dataset's position.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    SLUICE_RETURN_IF_ERROR(SaveValues(state, {static_cast<int64_t>(cycle_), block_, open_,
+                                              static_cast<int64_t>(opened_), in_done_}));
+    SLUICE_RETURN_IF_ERROR(in_->SaveState(state->add_inputs()));
+    for (size_t k = 0; k < cycle_length_; ++k) {
+      proto::IteratorState* slot = state->add_inputs();
+      if (!origins_[k] || !HasSlot(k)) {
+        slot->set_op(kEmptySlot);
+        continue;
+      }
+      slot->set_op(kSlot);
+      slot->add_values(static_cast<int64_t>(origins_[k]->number));
+      SLUICE_RETURN_IF_ERROR(SaveSlot(k, slot));
+      SLUICE_RETURN_IF_ERROR(SaveElement(origins_[k]->element, slot->add_inputs()));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    int64_t cycle = 0, opened = 0, in_done = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreValues(state, {&cycle, &block_, &open_, &opened, &in_done},
+                                         1 + static_cast<int>(cycle_length_)));
+    if (cycle < 0 || cycle >= static_cast<int64_t>(cycle_length_) || opened < 0) {
+      return CorruptCheckpoint("Interleave's cycle position");
+    }
+    cycle_ = static_cast<size_t>(cycle);
+    opened_ = static_cast<uint64_t>(opened);
+    in_done_ = in_done != 0;
+    SLUICE_RETURN_IF_ERROR(in_->RestoreState(state.inputs(0)));
+    for (size_t k = 0; k < cycle_length_; ++k) {
+      const proto::IteratorState& slot = state.inputs(1 + static_cast<int>(k));
+      if (slot.op() == kEmptySlot) continue;
+      if (slot.op() != kSlot || slot.values_size() < 1 || slot.inputs_size() != 2) {
+        return CorruptCheckpoint(absl::StrCat("Interleave's slot ", k));
+      }
+      SLUICE_ASSIGN_OR_RETURN(Element e, RestoreElement(slot.inputs(1), 0));
+      const auto number = static_cast<uint64_t>(slot.values(0));
+      SLUICE_ASSIGN_OR_RETURN(auto it, MakeSlotIterator(e, number));
+      origins_[k] = Origin{std::move(e), number};
+      SLUICE_RETURN_IF_ERROR(RestoreSlot(k, std::move(it), slot));
+    }
+    return absl::OkStatus();
+  }
+
  protected:
+  // A slot's checkpoint: values[0] its number; SaveSlot appends what it
+  // holds ahead (SaveHeld, from values[1]) and its dataset's state
+  // (inputs[0]); inputs[1] holds the element that opened it.
+  virtual absl::Status SaveSlot(size_t k, proto::IteratorState* slot) const = 0;
+  virtual absl::Status RestoreSlot(size_t k, std::unique_ptr<Iterator> it,
+                                   const proto::IteratorState& slot) = 0;
   virtual bool HasSlot(size_t k) const = 0;
   // The slot's next element, its end, or an error.
   virtual Result ReadSlot(size_t k) = 0;
@@ -90,6 +140,22 @@ class CycleIterator : public NodeIterator {
     cycle_ = (cycle_ + 1) % cycle_length_;
   }
 
+  // The dataset `fn` makes of input element `e`, the `number`-th opened.
+  absl::StatusOr<std::unique_ptr<Iterator>> MakeSlotIterator(const Element& e,
+                                                              uint64_t number) const {
+    IteratorContext ctx = ctx_;
+    ctx.salt = Mix(ctx_.salt, number);
+    ctx.placeholder = &e;
+    return MakeNodeIterator(a_->sub, ctx);
+  }
+
+  static constexpr char kSlot[] = "<slot>";
+  static constexpr char kEmptySlot[] = "<empty slot>";
+  struct Origin {
+    Element element;
+    uint64_t number = 0;
+  };
+  std::vector<std::optional<Origin>> origins_ = std::vector<std::optional<Origin>>(cycle_length_);
   std::unique_ptr<Iterator> in_;
   IteratorContext ctx_;
   size_t cycle_ = 0;
@@ -106,6 +172,16 @@ class InterleaveIterator : public CycleIterator {
 
  private:
   bool HasSlot(size_t k) const override { return slots_[k] != nullptr; }
+  absl::Status SaveSlot(size_t k, proto::IteratorState* slot) const override {
+    SLUICE_RETURN_IF_ERROR(SaveHeld({}, slot));  // nothing read ahead
+    return slots_[k]->SaveState(slot->add_inputs());
+  }
+  absl::Status RestoreSlot(size_t k, std::unique_ptr<Iterator> it,
+                           const proto::IteratorState& slot) override {
+    SLUICE_RETURN_IF_ERROR(it->RestoreState(slot.inputs(0)));
+    slots_[k] = std::move(it);
+    return absl::OkStatus();
+  }
   Result ReadSlot(size_t k) override { return slots_[k]->Next(); }
   void OpenSlot(size_t k, std::unique_ptr<Iterator> it) override { slots_[k] = std::move(it); }
   void CloseSlot(size_t k) override { slots_[k].reset(); }
@@ -151,6 +227,36 @@ class ParallelInterleaveIterator : public CycleIterator {
   void OpenSlot(size_t k, std::unique_ptr<Iterator> it) override {
     slots_[k] = std::make_shared<Slot>();
     slots_[k]->it = std::move(it);
+  }
+  // Its fill is waited for: what it read ahead is saved as data, and its
+  // dataset's position is the one after it.
+  absl::Status SaveSlot(size_t k, proto::IteratorState* state) const override {
+    Slot& s = *slots_[k];
+    if (s.fill != nullptr) s.fill->Wait();
+    absl::MutexLock l(&s.mu);
+    std::vector<HeldResult> results;
+    for (const Result& r : s.buf) results.push_back({r, std::nullopt});
+    std::vector<const HeldResult*> held;
+    for (const HeldResult& h : results) held.push_back(&h);
+    SLUICE_RETURN_IF_ERROR(SaveHeld(held, state));
+    if (s.ended) {
+      state->add_inputs()->set_op(kEndedState);
+      return absl::OkStatus();
+    }
+    return s.it->SaveState(state->add_inputs());
+  }
+  absl::Status RestoreSlot(size_t k, std::unique_ptr<Iterator> it,
+                           const proto::IteratorState& state) override {
+    SLUICE_ASSIGN_OR_RETURN(std::vector<HeldResult> held, RestoreHeld(state, 1));
+    SLUICE_RETURN_IF_ERROR(it->RestoreState(state.inputs(0)));
+    OpenSlot(k, std::move(it));
+    Slot& s = *slots_[k];
+    absl::MutexLock l(&s.mu);
+    for (HeldResult& h : held) {
+      if (!h.result.ok() || !h.result->has_value()) s.ended = true;
+      s.buf.push_back(std::move(h.result));
+    }
+    return absl::OkStatus();
   }
   void CloseSlot(size_t k) override {
     if (slots_[k]->fill != nullptr) slots_[k]->fill->Wait();  // it pushed the end; let it return

@@ -22,6 +22,17 @@ class PlaceholderIterator : public NodeIterator {
     done_ = true;
     return Some(std::move(e_));
   }
+  // The element it yields is made again (Interleave saves it); only
+  // whether it was yielded is its own.
+  absl::Status SaveState(proto::IteratorState* state) const override {
+    return SaveValues(state, {done_ ? 1 : 0});
+  }
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    int64_t done = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreValues(state, {&done}));
+    done_ = done != 0;
+    return absl::OkStatus();
+  }
 
  private:
   Element e_;
