@@ -218,25 +218,10 @@ absl::Status DispatcherImpl::AwaitDurable(absl::Status reply) {
   return journal_.AwaitDurable(mu_, std::move(reply));
 }
 
-void DispatcherImpl::SetCompactionMinRecords(int64_t min_records) {
-  absl::MutexLock l(&mu_);
-  journal_.SetCompactionMinRecords(min_records);
-}
-
 void DispatcherImpl::SetJournalFaultHookForTesting(
     std::function<void(JournalWriter::Stage)> hook) {
   absl::MutexLock l(&mu_);
   journal_.SetFaultHookForTesting(mu_, std::move(hook));
-}
-
-void DispatcherImpl::AwaitJournalIdle() {
-  absl::MutexLock l(&mu_);
-  journal_.AwaitIdle(mu_);
-}
-
-absl::Status DispatcherImpl::CompactJournal() {
-  absl::MutexLock l(&mu_);
-  return journal_.Compact(mu_);
 }
 
 std::vector<proto::JournalRecord> DispatcherImpl::SnapshotLocked() { return state_.Snapshot(); }
@@ -269,19 +254,12 @@ absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
   liveness_.Restart(state_, now);
   replayed_records_ = static_cast<int64_t>(records.size());
   SLUICE_RETURN_IF_ERROR(journal_.Open(config_.work_dir, policy, replayed_records_));
-  int64_t open_tasks = 0;
-  for (const auto& [id, t] : state_.tasks()) open_tasks += !t.completed && !t.lost;
+  const DispatcherState::Sizes n = state_.sizes();
   spdlog::info("dispatcher: journal {} replayed ({} records): {} dataset(s), {} job(s), {} "
                "iteration(s), {} running task(s), {} worker(s), {} client(s)",
-               journal_.path(), records.size(), state_.datasets().size(), state_.jobs().size(),
-               state_.iterations().size(), open_tasks, state_.workers().size(),
-               state_.clients().size());
+               journal_.path(), records.size(), n.datasets, n.current_jobs,
+               state_.iterations().size(), n.open_tasks, n.workers, n.iteration_clients);
   return absl::OkStatus();
-}
-
-std::string DispatcherImpl::DurableStateString() {
-  absl::MutexLock l(&mu_);
-  return state_.DebugString();
 }
 
 // ---- workers ------------------------------------------------------------------
@@ -445,14 +423,12 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
   return AwaitDurable([&]() -> absl::Status {
     const int64_t num_shards = static_cast<int64_t>(config_.worker_addresses.size());
     SLUICE_RETURN_IF_ERROR(CheckJobRequest(req, num_shards));
-    // An existing job of that name, if any (under the lock).
+    // An existing job of that name answers (under the lock).
     auto existing = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::Status> {
-      if (req.job_name().empty()) return std::nullopt;
-      auto named = state_.job_by_name().find(req.job_name());
-      if (named == state_.job_by_name().end()) return std::nullopt;
-      const Job& job = state_.jobs().at(named->second);
-      SLUICE_RETURN_IF_ERROR(CheckSameJob(job, req));
-      resp->set_job_id(job.id);
+      auto named = FindNamedJob(state_, req);
+      if (!named.ok()) return named.status();
+      if (!named->has_value()) return std::nullopt;
+      resp->set_job_id(**named);
       return absl::OkStatus();
     };
     proto::DatasetDef def;
@@ -466,25 +442,13 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
       if (auto done = existing()) return *done;
       def = dataset->second.def;  // registered datasets never change
     }
-    // Analysing the pipeline (building it, static sharding, its split
-    // source) runs without the lock: heartbeats do not wait behind it.
-    SLUICE_RETURN_IF_ERROR(CheckJobDataset(def, req, num_shards));
+    // The pipeline is analysed without the lock (heartbeats go on).
     proto::JournalRecord rec;
     proto::CreateJobUpdate* job = rec.add_updates()->mutable_create_job();
-    if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
-      auto source = FindSplitSource(def.root());
-      if (!source.ok()) return source.status();
-      *job->mutable_split_source() = *source->source;
-      job->set_split_tracked(source->tracked);
-    }
+    SLUICE_ASSIGN_OR_RETURN(*job, ResolveJob(def, req, num_shards));
     absl::MutexLock l(&mu_);
     if (auto done = existing()) return *done;  // another consumer created it meanwhile
     job->set_job_id(NewIdLocked());
-    job->set_dataset_id(req.dataset_id());
-    job->set_processing_mode(req.processing_mode());
-    job->set_job_name(req.job_name());
-    job->set_num_consumers(req.num_consumers());
-    job->set_target_workers(req.target_workers());
     SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
     resp->set_job_id(job->job_id());
     return absl::OkStatus();
@@ -495,28 +459,24 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
                                                   proto::GetOrCreateIterationResponse* resp) {
   return AwaitDurable([&]() -> absl::Status {
     // A new distributed_epoch iteration splits the job's source, which may
-    // list files (a glob over a large corpus): that runs without the lock,
-    // and the iteration is created after, unless another consumer created
-    // it meanwhile (the description is dropped then).
-    std::optional<proto::CreateIterationUpdate> splits;
-    std::optional<proto::DatasetNode> to_split;
+    // list files (a glob over a large corpus): without the lock; it is
+    // created after unless another consumer created it meanwhile.
+    proto::DatasetNode to_split;
     {
       absl::MutexLock l(&mu_);
       SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
       const Job& job = state_.jobs().at(req.job_id());
-      if (job.mode != proto::DISTRIBUTED_EPOCH ||
-          job.iteration_by_repetition.count(req.repetition())) {
+      if (job.mode != proto::DISTRIBUTED_EPOCH || job.iteration_by_repetition.count(req.repetition())) {
         return GetOrCreateIterationLocked(req, nullptr, resp);
       }
       to_split = job.split_source;
     }
-    splits.emplace();
-    SLUICE_RETURN_IF_ERROR(
-        SplitProvider::Describe(*to_split, config_.range_split_elements,
-                                config_.file_split_files, &*splits));
+    proto::CreateIterationUpdate splits;
+    SLUICE_RETURN_IF_ERROR(SplitProvider::Describe(to_split, config_.range_split_elements,
+                                                   config_.file_split_files, &splits));
     absl::MutexLock l(&mu_);
     SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
-    return GetOrCreateIterationLocked(req, &*splits, resp);
+    return GetOrCreateIterationLocked(req, &splits, resp);
   }());
 }
 
@@ -816,12 +776,7 @@ DispatcherImpl::Stats DispatcherImpl::GetStats() {
   s.journal_syncs = journal_.counters().syncs;
   s.replayed_records = replayed_records_;
   static_cast<DispatcherState::Counts&>(s) = state_.counts();
-  s.workers = static_cast<int64_t>(state_.workers().size());
-  s.iteration_clients = static_cast<int64_t>(state_.clients().size());
-  s.live_tasks = static_cast<int64_t>(state_.tasks().size());
-  s.datasets = static_cast<int64_t>(state_.datasets().size());
-  s.current_jobs = static_cast<int64_t>(state_.jobs().size());
-  for (const auto& [id, it] : state_.iterations()) s.active_iterations += !it.finished && !it.collected;
+  static_cast<DispatcherState::Sizes&>(s) = state_.sizes();
   const absl::Time now = clock_();
   s.max_worker_heartbeat_age_ms = absl::ToInt64Milliseconds(liveness_.MaxWorkerSilence(now));
   s.max_client_heartbeat_age_ms = absl::ToInt64Milliseconds(liveness_.MaxClientSilence(now));

@@ -184,17 +184,29 @@ class DispatcherImpl {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The journaled state as text, for tests comparing a dispatcher with its
   // replay.
-  std::string DurableStateString() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string DurableStateString() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return state_.DebugString();
+  }
   // Compaction: the journal is rewritten as a snapshot of the state once it
   // holds `min_records` records, and four times the records and the bytes
   // of the last snapshot (so it stays within a few times the state's size).
   // CompactJournal() does it now.
   static constexpr int64_t kCompactionMinRecords = JournalCommitter::kCompactionMinRecords;
-  void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_);
+  void SetCompactionMinRecords(int64_t min_records) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    journal_.SetCompactionMinRecords(min_records);
+  }
+  absl::Status CompactJournal() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return journal_.Compact(mu_);
+  }
   // Waits until no journal write and no background compaction runs (so a
   // compaction started by the changes so far has ended).
-  void AwaitJournalIdle() ABSL_LOCKS_EXCLUDED(mu_);
+  void AwaitJournalIdle() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    journal_.AwaitIdle(mu_);
+  }
   // Tests: see JournalWriter::SetFaultHookForTesting. Call after OpenJournal.
   void SetJournalFaultHookForTesting(std::function<void(JournalWriter::Stage)> hook)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -268,17 +280,14 @@ class DispatcherImpl {
   // Counters for tests and metrics: what the applied updates did
   // (DispatcherState::Counts: jobs, iterations, lost_workers,
   // collected_iterations, splits_created/completed/reassigned), and:
-  struct Stats : DispatcherState::Counts {
-    int64_t workers = 0, live_tasks = 0, iteration_clients = 0;
+  struct Stats : DispatcherState::Counts, DispatcherState::Sizes {
     int64_t journal_records = 0;   // appended since start
     int64_t replayed_records = 0;  // read back from the journal at start
     int64_t journal_compactions = 0;
     int64_t journal_syncs = 0;     // fdatasync calls (one per group commit)
-    // Snapshots computed by GetStats (jobs and iterations count
-    // creations): datasets registered, jobs held, iterations neither
-    // finished nor collected, and the longest time since a worker's (not
-    // inside a long poll) or a client's last heartbeat.
-    int64_t datasets = 0, current_jobs = 0, active_iterations = 0;
+    // The longest time since a worker's (not inside a long poll) or a
+    // client's last heartbeat. (Counts' jobs and iterations count
+    // creations; Sizes are what the state holds now.)
     int64_t max_worker_heartbeat_age_ms = 0, max_client_heartbeat_age_ms = 0;
   };
   Stats GetStats() ABSL_LOCKS_EXCLUDED(mu_);

@@ -429,6 +429,18 @@ void DispatcherState::UpdateFinished(Iteration& it, Changes& c) {
 
 // ---- snapshot -------------------------------------------------------------------
 
+DispatcherState::Sizes DispatcherState::sizes() const {
+  Sizes s;
+  s.workers = static_cast<int64_t>(workers_.size());
+  s.iteration_clients = static_cast<int64_t>(clients_.size());
+  s.live_tasks = static_cast<int64_t>(tasks_.size());
+  for (const auto& [id, t] : tasks_) s.open_tasks += !t.completed && !t.lost;
+  s.datasets = static_cast<int64_t>(datasets_.size());
+  s.current_jobs = static_cast<int64_t>(jobs_.size());
+  for (const auto& [id, it] : iterations_) s.active_iterations += !it.finished && !it.collected;
+  return s;
+}
+
 std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
   std::vector<proto::JournalRecord> out(1);
   size_t bytes = 0;  // of the updates in the last record before its last (being filled)

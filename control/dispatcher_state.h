@@ -159,6 +159,12 @@ class DispatcherState {
   // Without static sharding: the index the next new worker gets.
   int64_t next_worker_index() const { return next_worker_index_; }
   const Counts& counts() const { return counts_; }
+  // How much the state holds now.
+  struct Sizes {
+    int64_t workers = 0, iteration_clients = 0, live_tasks = 0, open_tasks = 0;
+    int64_t datasets = 0, current_jobs = 0, active_iterations = 0;
+  };
+  Sizes sizes() const;
 
  private:
   absl::Status RegisterDataset(const proto::RegisterDatasetUpdate& u);

@@ -263,6 +263,34 @@ absl::Status CheckJobDataset(const proto::DatasetDef& def, const proto::GetOrCre
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<int64_t>> FindNamedJob(const DispatcherState& state,
+                                                    const proto::GetOrCreateJobRequest& req) {
+  if (req.job_name().empty()) return std::optional<int64_t>();
+  auto named = state.job_by_name().find(req.job_name());
+  if (named == state.job_by_name().end()) return std::optional<int64_t>();
+  const DispatcherState::Job& job = state.jobs().at(named->second);
+  SLUICE_RETURN_IF_ERROR(CheckSameJob(job, req));
+  return std::optional<int64_t>(job.id);
+}
+
+absl::StatusOr<proto::CreateJobUpdate> ResolveJob(const proto::DatasetDef& def,
+                                                  const proto::GetOrCreateJobRequest& req,
+                                                  int64_t num_shards) {
+  SLUICE_RETURN_IF_ERROR(CheckJobDataset(def, req, num_shards));
+  proto::CreateJobUpdate job;
+  if (req.processing_mode() == proto::DISTRIBUTED_EPOCH) {
+    SLUICE_ASSIGN_OR_RETURN(SplitSourceInfo source, FindSplitSource(def.root()));
+    *job.mutable_split_source() = *source.source;
+    job.set_split_tracked(source.tracked);
+  }
+  job.set_dataset_id(req.dataset_id());
+  job.set_processing_mode(req.processing_mode());
+  job.set_job_name(req.job_name());
+  job.set_num_consumers(req.num_consumers());
+  job.set_target_workers(req.target_workers());
+  return job;
+}
+
 absl::Status CheckIterationRequest(const DispatcherState& state,
                                    const proto::GetOrCreateIterationRequest& req) {
   if (req.repetition() < 0) {

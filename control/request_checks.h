@@ -59,6 +59,10 @@ absl::StatusOr<const DispatcherState::Task*> CheckGetSplit(const DispatcherState
 // there are `num_shards`; coordinated reads a job name, non-local workers
 // and no distributed_epoch; LOCAL no static sharding).
 absl::Status CheckJobRequest(const proto::GetOrCreateJobRequest& req, int64_t num_shards);
+// GetOrCreateJob: the id of the job it names when that exists, and asks
+// for it as it is (CheckSameJob); nullopt when it names none that exists.
+absl::StatusOr<std::optional<int64_t>> FindNamedJob(const DispatcherState& state,
+                                                    const proto::GetOrCreateJobRequest& req);
 // GetOrCreateJob naming a job that exists: it must ask for it as it is.
 absl::Status CheckSameJob(const DispatcherState::Job& job, const proto::GetOrCreateJobRequest& req);
 // A new job's pipeline `def`: coordinated reads need it infinite, static
@@ -66,6 +70,12 @@ absl::Status CheckSameJob(const DispatcherState::Job& job, const proto::GetOrCre
 // when it can be here), and a shard hint needs processing_mode=hint.
 absl::Status CheckJobDataset(const proto::DatasetDef& def, const proto::GetOrCreateJobRequest& req,
                              int64_t num_shards);
+// The new job `req` asks for over `def`, once CheckJobDataset passed: its
+// parameters and, for distributed_epoch, its split source (all but its id).
+// Builds and analyses the pipeline: call without the dispatcher's lock.
+absl::StatusOr<proto::CreateJobUpdate> ResolveJob(const proto::DatasetDef& def,
+                                                  const proto::GetOrCreateJobRequest& req,
+                                                  int64_t num_shards);
 // GetOrCreateIteration: a repetition >= 0 of a job that exists, a
 // consumer_index in [0, num_consumers) under coordinated reads, and, under
 // target_workers=LOCAL, a worker registered from the consumer's host.
