@@ -148,3 +148,14 @@ def test_next_releases_the_gil(hang_guard):
     assert sorted([int(first)] + rest) == [0, 1, 2]
     assert waited >= 0.4
     assert during >= 50  # the counter ran while the main thread was in next()
+
+
+def test_a_service_iterator_cannot_save_yet(service):
+    ds = sluice.Dataset.range(5).distribute(service=service.target)
+    it = ds.make_iterator()
+    first = int(next(it))
+    with pytest.raises(NotImplementedError, match="Distribute cannot save"):
+        it.save()
+    # The iterator reads on: together the same elements as a whole pass.
+    assert sorted([first] + ints(it)) == sorted(ints(ds))
+
