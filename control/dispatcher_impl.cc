@@ -408,12 +408,9 @@ absl::Status DispatcherImpl::GetDatasetDef(const proto::GetDatasetDefRequest& re
                                            proto::GetDatasetDefResponse* resp) {
   return AwaitDurable([&]() -> absl::Status {
     absl::MutexLock l(&mu_);
-    auto it = state_.datasets().find(req.dataset_id());
-    if (it == state_.datasets().end()) {
-      return absl::NotFoundError(
-          absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
-    }
-    *resp->mutable_dataset() = it->second.def;
+    SLUICE_ASSIGN_OR_RETURN(const DispatcherState::Dataset* dataset,
+                            FindDataset(state_, req.dataset_id()));
+    *resp->mutable_dataset() = dataset->def;
     return absl::OkStatus();
   }());
 }
@@ -434,13 +431,10 @@ absl::Status DispatcherImpl::GetOrCreateJob(const proto::GetOrCreateJobRequest& 
     proto::DatasetDef def;
     {
       absl::MutexLock l(&mu_);
-      auto dataset = state_.datasets().find(req.dataset_id());
-      if (dataset == state_.datasets().end()) {
-        return absl::NotFoundError(
-            absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
-      }
+      SLUICE_ASSIGN_OR_RETURN(const DispatcherState::Dataset* dataset,
+                              FindDataset(state_, req.dataset_id()));
       if (auto done = existing()) return *done;
-      def = dataset->second.def;  // registered datasets never change
+      def = dataset->def;  // registered datasets never change
     }
     // The pipeline is analysed without the lock (heartbeats go on).
     proto::JournalRecord rec;
@@ -742,13 +736,10 @@ absl::Status DispatcherImpl::GetDataServiceMetadata(
     proto::DatasetDef def;
     {
       absl::MutexLock l(&mu_);
-      auto it = state_.datasets().find(req.dataset_id());
-      if (it == state_.datasets().end()) {
-        return absl::NotFoundError(
-            absl::StrCat("dataset '", req.dataset_id(), "' is not registered"));
-      }
-      def = it->second.def;
-      resp->set_fingerprint(it->second.fingerprint);
+      SLUICE_ASSIGN_OR_RETURN(const DispatcherState::Dataset* dataset,
+                              FindDataset(state_, req.dataset_id()));
+      def = dataset->def;
+      resp->set_fingerprint(dataset->fingerprint);
     }
     // The dispatcher loads no plugins, so a definition with UDFs may not
     // analyze here; its cardinality is then unknown.

@@ -119,6 +119,15 @@ absl::Status CheckRegistration(
   return absl::OkStatus();
 }
 
+absl::StatusOr<const DispatcherState::Dataset*> FindDataset(const DispatcherState& state,
+                                                            const std::string& id) {
+  auto it = state.datasets().find(id);
+  if (it == state.datasets().end()) {
+    return absl::NotFoundError(absl::StrCat("dataset '", id, "' is not registered"));
+  }
+  return &it->second;
+}
+
 absl::Status CheckWorkerUpdate(const DispatcherState& state,
                                const proto::WorkerUpdateRequest& req) {
   if (!state.workers().count(req.worker_address())) {

@@ -23,6 +23,9 @@ namespace sluice::internal {
 // RegisterDataset: a version-1 definition with a root op, and a
 // caller-chosen id (if any) of 1-128 bytes of [A-Za-z0-9._-].
 absl::Status CheckRegisterDataset(const proto::RegisterDatasetRequest& req);
+// The registered dataset `id`, or NotFound naming it.
+absl::StatusOr<const DispatcherState::Dataset*> FindDataset(const DispatcherState& state,
+                                                            const std::string& id);
 // RegisterDataset's id: the caller's, or "ds-" and the definition's
 // fingerprint `fp` (identical definitions share it; a collision between
 // different definitions gets a suffixed id). `*known`: a dataset of that
