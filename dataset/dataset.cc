@@ -205,6 +205,27 @@ Dataset Dataset::ReadRecords(const Dataset& filenames) {
   return Finish(std::move(n), {&filenames});
 }
 
+Dataset Dataset::WebDataset(std::string pattern, std::vector<std::string> fields,
+                            bool skip_incomplete) {
+  return WebDataset(ListFiles(std::move(pattern)), std::move(fields), skip_incomplete);
+}
+
+Dataset Dataset::WebDataset(std::vector<std::string> shards, std::vector<std::string> fields,
+                            bool skip_incomplete) {
+  return WebDataset(FilenamesDataset(std::move(shards)), std::move(fields), skip_incomplete);
+}
+
+Dataset Dataset::WebDataset(const Dataset& shards, std::vector<std::string> fields,
+                            bool skip_incomplete) {
+  if (!shards.status().ok()) return ErrorDataset(shards.status());
+  proto::DatasetNode n;
+  auto* w = n.mutable_web_dataset();
+  *w->mutable_filenames() = RootOf(shards);
+  for (std::string& f : fields) w->add_fields(std::move(f));
+  w->set_skip_incomplete(skip_incomplete);
+  return Finish(std::move(n), {&shards});
+}
+
 Dataset Dataset::ReadFixedLengthRecords(std::vector<std::string> files, int64_t record_bytes,
                                         int64_t header_bytes, int64_t footer_bytes) {
   return ReadFixedLengthRecords(FilenamesDataset(std::move(files)), record_bytes, header_bytes,

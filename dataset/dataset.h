@@ -93,6 +93,21 @@ class Dataset {
                                         int64_t header_bytes = 0, int64_t footer_bytes = 0);
   static Dataset ReadFixedLengthRecords(const Dataset& filenames, int64_t record_bytes,
                                         int64_t header_bytes = 0, int64_t footer_bytes = 0);
+  // WebDataset tar shards (dataset/webdataset.h): one element per sample,
+  // the requested `fields` as string scalars in the order asked. A field is
+  // an extension ("jpg", "cls"), alternatives taken in order ("jpg;png"),
+  // or "__key__" (the sample's key). A sample without a requested field is
+  // InvalidArgument naming the shard and the sample's key, unless
+  // skip_incomplete passes over it; a truncated or corrupt shard is
+  // DataLoss naming it and the byte offset. `pattern` is a glob (as
+  // ListFiles: shards split and shard as its files do).
+  static Dataset WebDataset(std::string pattern, std::vector<std::string> fields,
+                            bool skip_incomplete = false);
+  static Dataset WebDataset(std::vector<std::string> shards, std::vector<std::string> fields,
+                            bool skip_incomplete = false);
+  // `shards` yields string scalars or vectors of paths.
+  static Dataset WebDataset(const Dataset& shards, std::vector<std::string> fields,
+                            bool skip_incomplete = false);
   // Tuples of the inputs' elements; ends with the shortest input.
   static Dataset Zip(std::vector<Dataset> inputs);
 

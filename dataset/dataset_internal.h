@@ -174,7 +174,8 @@ bool ContainsShardHint(const proto::DatasetNode& root);
 // Iterator::Save writes; the iterator Dataset::MakeIterator returns (its
 // Save() frames the pipeline's state), made fresh or restored from a
 // checkpoint of the pipeline with this fingerprint.
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// 2: file readers save their open file's key and index (element keys).
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
 absl::StatusOr<std::unique_ptr<Iterator>> MakeRootIterator(
     std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx, uint64_t fingerprint);
 absl::StatusOr<std::unique_ptr<Iterator>> RestoreRootIterator(

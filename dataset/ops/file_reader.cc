@@ -37,18 +37,33 @@ absl::Status FileReaderIterator::SaveReader(proto::IteratorState* state,
                                             const std::string& open_file,
                                             std::initializer_list<int64_t> values) const {
   SLUICE_RETURN_IF_ERROR(SaveValues(state, values));
+  state->add_values(static_cast<int64_t>(file_key_));
+  state->add_values(index_);
   state->add_names(open_file);
-  for (const std::string& f : pending_) state->add_names(f);
+  for (const Named& n : pending_) {
+    state->add_names(n.file);
+    state->add_values(static_cast<int64_t>(n.key));
+  }
   return files_->SaveState(state->add_inputs());
 }
 
 absl::Status FileReaderIterator::RestoreReader(const proto::IteratorState& state,
                                                std::string* open_file,
                                                std::initializer_list<int64_t*> values) {
-  SLUICE_RETURN_IF_ERROR(RestoreValues(state, values, 1));
   if (state.names_size() < 1) return CorruptCheckpoint(absl::StrCat(state.op(), " saved no file"));
+  const int n = static_cast<int>(values.size());
+  const int pending = state.names_size() - 1;
+  SLUICE_RETURN_IF_ERROR(CheckState(state, n + 2 + pending, 1));
+  int i = 0;
+  for (int64_t* v : values) *v = state.values(i++);
+  file_key_ = static_cast<uint64_t>(state.values(n));
+  index_ = state.values(n + 1);
+  if (index_ < 0) return CorruptCheckpoint(absl::StrCat(state.op(), " saved a negative index"));
   *open_file = state.names(0);
-  pending_.assign(state.names().begin() + 1, state.names().end());
+  pending_.clear();
+  for (int j = 0; j < pending; ++j) {
+    pending_.push_back({state.names(j + 1), static_cast<uint64_t>(state.values(n + 2 + j))});
+  }
   return files_->RestoreState(state.inputs(0));
 }
 
@@ -62,11 +77,23 @@ absl::StatusOr<std::optional<std::string>> FileReaderIterator::NextFile(absl::st
                        ElementDebugString(*e)));
     }
     const Tensor& t = (*e)[0];
-    for (int64_t i = 0; i < t.num_elements(); ++i) pending_.emplace_back(t.str(i));
+    const std::optional<uint64_t> key = files_->ElementKey();
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      std::string f(t.str(i));
+      uint64_t k = 0;
+      if (!key) {
+        k = Fnv1a64(f.data(), f.size());
+      } else {
+        k = t.shape().rank() == 0 ? *key : Mix(*key, static_cast<uint64_t>(i));
+      }
+      pending_.push_back({std::move(f), k});
+    }
   }
-  std::string f = std::move(pending_.front());
+  Named n = std::move(pending_.front());
   pending_.pop_front();
-  return std::optional<std::string>(std::move(f));
+  file_key_ = n.key;
+  index_ = 0;
+  return std::optional<std::string>(std::move(n.file));
 }
 
 }  // namespace sluice::internal

@@ -41,7 +41,7 @@ class FixedLengthIterator : public FileReaderIterator {
                                                   path_, "'"));
         }
         --remaining_;
-        return Some({Tensor::String(rec)});
+        return Emit({Tensor::String(rec)});
       }
       std::fclose(f_);
       f_ = nullptr;

@@ -18,7 +18,7 @@ class ReadRecordsIterator : public FileReaderIterator {
         SLUICE_ASSIGN_OR_RETURN(reader_, TFRecordReader::Open(*f));
       }
       SLUICE_ASSIGN_OR_RETURN(auto rec, reader_->Next());
-      if (rec) return Some({Tensor::String(*rec)});
+      if (rec) return Emit({Tensor::String(*rec)});
       reader_.reset();
     }
   }

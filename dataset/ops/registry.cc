@@ -13,6 +13,7 @@ namespace sluice::internal {
   X(kPlaceholder, Placeholder)                         \
   X(kReadRecords, ReadRecords)                         \
   X(kReadFixedLengthRecords, ReadFixedLengthRecords)   \
+  X(kWebDataset, WebDataset)                           \
   X(kMap, Map)                                         \
   X(kFilter, Filter)                                   \
   X(kBatch, Batch)                                     \

@@ -11,6 +11,7 @@
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
 #include "sluice/dataset/tfrecord.h"
+#include "sluice/dataset/webdataset.h"
 #include "tests/dataset/dataset_test_util.h"
 #include "tests/test_util.h"
 
@@ -131,6 +132,23 @@ TEST(CheckpointTest, RecordReadersResumeAtTheRecordTheyWereAt) {
   }
   ExpectResumesEverywhere(Dataset::ReadFixedLengthRecords(
       {dir.File("fixed0"), dir.File("fixed1")}, 4, /*header_bytes=*/2, /*footer_bytes=*/1));
+}
+
+// WebDataset saves the shard it has open and how many samples of it it
+// read (incomplete ones passed over included).
+TEST(CheckpointTest, WebDatasetResumesAtTheSampleItWasAt) {
+  sluice_test::TempDir dir;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::pair<std::string, std::string>> members;
+    for (int i = 0; i <= s + 1; ++i) {
+      members.emplace_back(absl::StrCat(s, "_", i, ".txt"), absl::StrCat("shard ", s, " ", i));
+      if (i != 1) members.emplace_back(absl::StrCat(s, "_", i, ".cls"), absl::StrCat(i));
+    }
+    ASSERT_OK(WriteWebDatasetShard(dir.File(absl::StrCat("w", s, ".tar")), members));
+  }
+  ExpectResumesEverywhere(
+      Dataset::WebDataset(dir.path() + "/w*.tar", {"cls", "txt"}, /*skip_incomplete=*/true));
+  ExpectResumesEverywhere(Dataset::WebDataset(dir.path() + "/w*.tar", {"txt", "__key__"}));
 }
 
 // Interleave saves each open slot as the input element that opened it

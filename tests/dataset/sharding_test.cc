@@ -8,6 +8,7 @@
 #include "sluice/dataset/dataset_internal.h"
 #include "sluice/dataset/expr.h"
 #include "sluice/dataset/tfrecord.h"
+#include "sluice/dataset/webdataset.h"
 #include "tests/dataset/dataset_test_util.h"
 
 namespace sluice {
@@ -85,6 +86,19 @@ TEST(StaticShardingTest, FileReadsOnlyItsFiles) {
   // FILE_OR_DATA picks files when there are some.
   ASSERT_OK_AND_ASSIGN(Dataset either, Sharded(ds, StaticSharding::kFileOrData, 5, 3));
   EXPECT_THAT(Strings(*Collect(either)), ElementsAre("f3r0", "f3r1", "f8r0", "f8r1"));
+}
+
+// WebDataset shards are sharded as the files of ReadRecords are.
+TEST(StaticShardingTest, FileShardsWebDatasetShards) {
+  TempDir dir;
+  for (int f = 0; f < 4; ++f) {
+    ASSERT_OK(WriteWebDatasetShard(dir.File(absl::StrCat("w", f, ".tar")),
+                                   {{absl::StrCat(f, "_a.txt"), absl::StrCat("w", f, "a")},
+                                    {absl::StrCat(f, "_b.txt"), absl::StrCat("w", f, "b")}}));
+  }
+  ASSERT_OK_AND_ASSIGN(Dataset s1, Sharded(Dataset::WebDataset(dir.File("w*.tar"), {"txt"}),
+                                           StaticSharding::kFile, 2, 1));
+  EXPECT_THAT(Strings(*Collect(s1)), ElementsAre("w1a", "w1b", "w3a", "w3b"));
 }
 
 TEST(StaticShardingTest, FewerFilesThanWorkersIsAnError) {

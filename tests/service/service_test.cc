@@ -32,6 +32,7 @@
 #include "sluice/dataset/tfrecord.h"
 #include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
+#include "sluice/dataset/webdataset.h"
 #include "sluice/worker/worker_server.h"
 #include "tests/dataset/dataset_test_util.h"
 #include "tests/dataset/image_test_util.h"
@@ -1009,6 +1010,52 @@ TEST_P(ServiceTest, SeededAugmentationIsTheSameWhateverTheNumberOfWorkers) {
                        WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
   EXPECT_EQ(three.size(), 12u);
   EXPECT_EQ(by_path(three), want);
+}
+
+// WebDataset shards split as files do in distributed_epoch: every sample
+// once, and a seeded random op after the reader draws by (shard, sample),
+// so one worker and three give what the local pipeline gives.
+TEST_P(ServiceTest, WebDatasetShardsSplitAndAugmentTheSameWhateverTheNumberOfWorkers) {
+  sluice_test::TempDir dir;
+  for (int s = 0; s < 6; ++s) {
+    std::vector<std::pair<std::string, std::string>> members;
+    for (int i = 0; i < 3; ++i) {
+      const std::string key = absl::StrCat("s", s, "/", i);
+      members.emplace_back(key + ".jpg", sluice_test::TjEncode(
+                                             sluice_test::SyntheticRgb(20, 24, s * 3 + i), 20, 24));
+      members.emplace_back(key + ".cls", std::to_string(s));
+    }
+    ASSERT_OK(WriteWebDatasetShard(dir.File(absl::StrCat("shard-", s, ".tar")), members));
+  }
+  Dataset pipeline = Dataset::WebDataset(dir.File("shard-*.tar"), {"__key__", "jpg", "cls"})
+                         .WithSeed(5)
+                         .Map({x[0], x[2], image::RandomResizedCrop(image::Decode(x[1]), 8, 8)});
+  ASSERT_OK(pipeline.status());
+  auto by_key = [](const std::vector<Element>& elements) {
+    std::map<std::string, std::string> out;
+    for (const Element& e : elements) {
+      EXPECT_EQ(out.count(std::string(e[0].str(0))), 0u) << "twice: " << e[0].str(0);
+      out[std::string(e[0].str(0))] =
+          std::string(e[1].str(0)) + ":" +
+          std::string(reinterpret_cast<const char*>(e[2].data()), e[2].byte_size());
+    }
+    return out;
+  };
+  ASSERT_OK_AND_ASSIGN(auto local, sluice_test::Collect(pipeline));
+  ASSERT_EQ(local.size(), 18u);
+  const auto want = by_key(local);
+  StartService(1);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  ASSERT_OK_AND_ASSIGN(auto one,
+                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
+  EXPECT_EQ(one.size(), 18u);
+  EXPECT_EQ(by_key(one), want);
+  StartWorkers(2);
+  ASSERT_OK_AND_ASSIGN(auto three,
+                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
+  EXPECT_EQ(three.size(), 18u);
+  EXPECT_EQ(by_key(three), want);
 }
 
 TEST_P(ServiceTest, DistributedEpochWorkerAddedMidEpochTakesSplits) {
