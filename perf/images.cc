@@ -7,6 +7,16 @@
 //               Decode(ReadFile(x[0])), 224, 224)), mean, std), x[1]}, kAutotune)
 //     .Batch(64)
 //
+// --format webdataset reads the same images from WebDataset tar shards
+// (sluice-make-webdataset; <key>.jpg and <key>.cls) instead:
+//
+//   WebDataset(shards, {"jpg", "cls"}).WithSeed(seed)
+//     .Map({Normalize(RandomHorizontalFlip(RandomResizedCrop(Decode(x[0]), ...)), ...), x[1]})
+//
+// and the torch rows stream the shards with the standard library's tarfile
+// and decode with PIL in an IterableDataset (shards divided between the
+// DataLoader workers), the webdataset library's own method.
+//
 // Rows: "sluice local" (the pipeline in one process), "sluice distribute,
 // W workers" (the same pipeline on W sluice-worker processes,
 // processing_mode distributed_epoch so each image is produced once, read by
@@ -37,6 +47,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -72,17 +83,19 @@ double Since(Clock::time_point t0) {
 // Batch and Normalize runs on the batch (Normalized() below): behind a
 // Distribute, uint8 crosses the wire (a quarter of the bytes) and the client
 // normalizes. The elements are the same either way.
-Dataset ImagesPipeline(const std::string& corpus, int64_t batch, uint64_t seed,
-                       bool normalize_after_batch) {
+// `webdataset` non-empty: the shards there instead of the folder `corpus`
+// (labels are then the .cls members' bytes).
+Dataset ImagesPipeline(const std::string& corpus, const std::string& webdataset, int64_t batch,
+                       uint64_t seed, bool normalize_after_batch) {
   using expr::x;
+  const expr::Expr bytes = webdataset.empty() ? io::ReadFile(x[0]) : x[0];
   expr::Expr img =
-      image::RandomHorizontalFlip(image::RandomResizedCrop(image::Decode(io::ReadFile(x[0])),
-                                                           224, 224));
+      image::RandomHorizontalFlip(image::RandomResizedCrop(image::Decode(bytes), 224, 224));
   if (!normalize_after_batch) img = image::Normalize(img, kMean, kStd);
-  return image::ImageFolder(corpus)
-      .WithSeed(seed)
-      .Map({img, x[1]}, kAutotune)
-      .Batch(batch, /*drop_remainder=*/false);
+  const Dataset source = webdataset.empty()
+                             ? image::ImageFolder(corpus)
+                             : Dataset::WebDataset(webdataset + "/shard-*.tar", {"jpg", "cls"});
+  return source.WithSeed(seed).Map({img, x[1]}, kAutotune).Batch(batch, /*drop_remainder=*/false);
 }
 Dataset Normalized(const Dataset& batches) {
   using expr::x;
@@ -101,7 +114,7 @@ absl::StatusOr<PassCount> OnePass(const Dataset& ds) {
     SLUICE_ASSIGN_OR_RETURN(std::optional<Element> e, it->Next());
     if (!e.has_value()) break;
     if (e->size() != 2 || e->front().shape().dims().size() != 4) {
-      return absl::InternalError(absl::StrCat("expected (float32[B, 3, 224, 224], int64[B]), got ",
+      return absl::InternalError(absl::StrCat("expected (float32[B, 3, 224, 224], labels[B]), got ",
                                               e->size(), " component(s), the first ",
                                               e->empty() ? "-" : e->front().DebugString(2)));
     }
@@ -218,6 +231,46 @@ absl::StatusOr<Corpus> PrepareCorpus(const ImagesArgs& a, int64_t images, int64_
   return c;
 }
 
+// The corpus's images as WebDataset shards (--format webdataset), made
+// once with sluice-make-webdataset and cached under $TMPDIR by corpus and
+// shard size (complete when its webdataset.txt counts the corpus's images).
+absl::StatusOr<std::string> PrepareShards(const ImagesArgs& a, const Corpus& c,
+                                          const ScratchDir& scratch,
+                                          std::vector<std::string>* notes) {
+  const int64_t per_shard =
+      a.samples_per_shard > 0 ? a.samples_per_shard : std::max<int64_t>(1, (c.images + 15) / 16);
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = absl::StrCat(
+      tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/sluice-perf-webdataset-",
+      fs::path(c.path).filename().string(), "-",
+      absl::Hex(std::hash<std::string>()(fs::absolute(c.path).string())), "-n", c.images, "-p",
+      per_shard);
+  const Record stamp = ParseRecord(ReadWholeFile(dir + "/webdataset.txt"));
+  if (RecordNumber(stamp, "samples") == static_cast<double>(c.images)) return dir;
+  std::error_code ec;
+  fs::remove_all(dir, ec);  // an incomplete set of ours (interrupted run)
+  SLUICE_ASSIGN_OR_RETURN(
+      std::string tool,
+      Locate("sluice-make-webdataset", "--webdataset_tool", a.webdataset_tool,
+             {SelfDir() + "/sluice-make-webdataset", SelfDir() + "/../tools/sluice-make-webdataset",
+              SLUICE_PERF_BUILD_WEBDATASET_TOOL}));
+  ChildProcess gen("webdataset", scratch.File("webdataset.log"));
+  SLUICE_RETURN_IF_ERROR(gen.Start(tool, {"--corpus", c.path, "--out", dir, "--samples_per_shard",
+                                          absl::StrCat(per_shard), "--seed",
+                                          absl::StrCat(a.seed)}));
+  absl::StatusOr<int> st = gen.Wait(absl::Seconds(120 + c.images / 100));
+  if (!st.ok()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(st.status().message(), "; log:\n", gen.LogTail()));
+  }
+  if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0) {
+    return absl::InternalError(
+        absl::StrCat("sluice-make-webdataset ", DescribeWaitStatus(*st), ": ", gen.LogTail()));
+  }
+  notes->push_back(absl::StrCat("the WebDataset shards are kept for later runs in ", dir));
+  return dir;
+}
+
 // ---- rows ----
 
 struct Row {
@@ -276,6 +329,7 @@ absl::StatusOr<Record> RunImagesChild(const ImagesClientOptions& o,
   if (!o.worker_pids.empty()) {
     args.insert(args.end(), {"--worker_pids", absl::StrJoin(o.worker_pids, ",")});
   }
+  if (!o.webdataset.empty()) args.insert(args.end(), {"--webdataset", o.webdataset});
   ChildProcess child(name, scratch.File(name + ".log"));
   SLUICE_RETURN_IF_ERROR(child.Start(SelfPath(), args, env));
   absl::StatusOr<int> st = child.Wait(absl::Seconds(timeout_s));
@@ -300,8 +354,8 @@ struct TorchOutcome {
 };
 
 TorchOutcome RunTorchRow(const std::string& python, const std::string& script, const Corpus& c,
-                         int num_workers, double min_seconds, const ImagesArgs& a,
-                         const ScratchDir& scratch) {
+                         const std::string& webdataset, int num_workers, double min_seconds,
+                         const ImagesArgs& a, const ScratchDir& scratch) {
   TorchOutcome t;
   t.row.name = absl::StrCat("torch DataLoader, num_workers=", num_workers);
   t.row.kind = "torch";
@@ -309,10 +363,12 @@ TorchOutcome RunTorchRow(const std::string& python, const std::string& script, c
   const std::string name = absl::StrCat("torch-", num_workers);
   const std::string out = scratch.File(name + ".json");
   ChildProcess child(name, scratch.File(name + ".log"));
-  absl::Status st = child.Start(
-      python, {script, "--root", c.path, "--num_workers", absl::StrCat(num_workers), "--batch",
-               absl::StrCat(a.batch), "--seed", absl::StrCat(a.seed), "--min_seconds",
-               absl::StrCat(min_seconds), "--out", out});
+  std::vector<std::string> args = {script, "--root", c.path, "--num_workers",
+                                   absl::StrCat(num_workers), "--batch", absl::StrCat(a.batch),
+                                   "--seed", absl::StrCat(a.seed), "--min_seconds",
+                                   absl::StrCat(min_seconds), "--out", out};
+  if (!webdataset.empty()) args.insert(args.end(), {"--webdataset", webdataset});
+  absl::Status st = child.Start(python, args);
   absl::StatusOr<int> ws =
       st.ok() ? child.Wait(absl::Seconds(ChildTimeout(c, min_seconds))) : st;
   const std::string json = ReadWholeFile(out);
@@ -377,7 +433,7 @@ std::string Workers(int w) { return absl::StrCat(w, w == 1 ? " worker" : " worke
 }  // namespace
 
 absl::StatusOr<Record> RunImagesClient(const ImagesClientOptions& o) {
-  Dataset ds = ImagesPipeline(o.corpus, o.batch, o.seed, o.normalize_on_client);
+  Dataset ds = ImagesPipeline(o.corpus, o.webdataset, o.batch, o.seed, o.normalize_on_client);
   if (!o.service.empty()) {
     DistributeOptions d;
     d.service = o.service;
@@ -457,19 +513,26 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
   const MachineInfo machine = DescribeMachine();
   SLUICE_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Create("sluice_perf_images"));
   if (a.common.keep_logs) scratch.Keep();
+  const bool webdataset = a.format == "webdataset";
   Progress progress("images", 2 + static_cast<int>(a.workers.size() + a.torch_workers.size()) +
-                                  (a.workers.empty() ? 0 : 1));
+                                  (a.workers.empty() ? 0 : 1) + (webdataset ? 1 : 0));
   std::vector<std::string> notes;
   bool any_failed = false;
 
   progress.Step(a.corpus.empty() ? absl::StrCat("corpus of ", images, " JPEGs")
                                  : absl::StrCat("corpus ", a.corpus));
   SLUICE_ASSIGN_OR_RETURN(Corpus corpus, PrepareCorpus(a, images, classes, scratch, &notes));
+  std::string shards;
+  if (webdataset) {
+    progress.Step("WebDataset shards of the corpus");
+    SLUICE_ASSIGN_OR_RETURN(shards, PrepareShards(a, corpus, scratch, &notes));
+  }
 
   std::vector<Row> rows;
   std::string pool_threads = "?";
   ImagesClientOptions base;
   base.corpus = corpus.path;
+  base.webdataset = shards;
   base.batch = a.batch;
   base.seed = a.seed;
   base.min_seconds = min_seconds;
@@ -541,7 +604,7 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
   for (int k : a.torch_workers) {
     progress.Step(absl::StrCat("torch DataLoader, num_workers=", k));
     if (!torch_skip.empty()) continue;
-    TorchOutcome t = RunTorchRow(python, *script, corpus, k, min_seconds, a, scratch);
+    TorchOutcome t = RunTorchRow(python, *script, corpus, shards, k, min_seconds, a, scratch);
     if (t.missing) {
       torch_skip = absl::StrCat(python, " cannot import torch/torchvision: ", t.missing_why);
       continue;
@@ -575,12 +638,18 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
               static_cast<long long>(corpus.classes),
               static_cast<double>(corpus.total_bytes) / std::max<int64_t>(1, corpus.images) / 1e3);
   if (corpus.mean_width > 0) std::printf(", mean %.0fx%.0f", corpus.mean_width, corpus.mean_height);
+  if (webdataset) std::printf("\nshards: %s", shards.c_str());
   std::printf(
-      "\npipeline: ImageFolder -> Map(Normalize(RandomHorizontalFlip(RandomResizedCrop("
-      "Decode(ReadFile), 224, 224))), kAutotune) -> Batch(%lld); distribute: "
+      "\npipeline: %s -> Map(Normalize(RandomHorizontalFlip(RandomResizedCrop("
+      "Decode(%s), 224, 224))), kAutotune) -> Batch(%lld); distribute: "
       "distributed_epoch over %s, max_outstanding_requests %lld\n",
-      static_cast<long long>(a.batch), transport.name.c_str(),
+      webdataset ? "WebDataset(shard-*.tar, {jpg, cls})" : "ImageFolder",
+      webdataset ? "x[0]" : "ReadFile", static_cast<long long>(a.batch), transport.name.c_str(),
       static_cast<long long>(a.max_outstanding));
+  if (webdataset) {
+    std::printf("torch rows: an IterableDataset streaming the shards with tarfile (shards "
+                "divided between the DataLoader workers), PIL decode, the same transforms\n");
+  }
   if (!torch_versions.empty()) std::printf("torch: %s\n", torch_versions.c_str());
   std::printf("timed: whole passes over the corpus for at least %.1f s after a warm-up pass; "
               "CPU and RSS summed over the row's processes (procs: client+workers)\n\n",
@@ -633,14 +702,18 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
   };
   targets.push_back({"CPU/image: sluice local / DataLoader(num_workers=0)",
                      ratio(local, torch0, &Row::cpu_ms_per_image), 0.5, true, false});
+  // Issue #17's goals for the folder; #28's for WebDataset shards against
+  // the tarfile streaming DataLoader.
+  const double speed_goal = webdataset ? 3.0 : 2.0;
   targets.push_back({"images/s: sluice local / DataLoader(num_workers=0)",
-                     ratio(local, torch0, &Row::images_per_s), 2.0, false, true});
+                     ratio(local, torch0, &Row::images_per_s), speed_goal, false, true});
   for (int w : a.workers) {
     const Row* dist = find("sluice-distribute", w);
     if (std::find(a.torch_workers.begin(), a.torch_workers.end(), w) != a.torch_workers.end()) {
       targets.push_back({absl::StrCat("images/s: sluice distribute ", Workers(w),
                                       " / DataLoader(num_workers=", w, ")"),
-                         ratio(dist, find("torch", w), &Row::images_per_s), 2.0, false, true});
+                         ratio(dist, find("torch", w), &Row::images_per_s), speed_goal, false,
+                         true});
     } else {
       unmeasured.push_back(absl::StrCat("sluice distribute, ", Workers(w),
                                         " has no DataLoader(num_workers=", w,
@@ -656,8 +729,9 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
     }
   }
   std::printf(
-      "\ntargets (issue #17; equal process counts: local vs num_workers=0, W workers vs "
-      "num_workers=W)\n");
+      "\ntargets (issue %s; equal process counts: local vs num_workers=0, W workers vs "
+      "num_workers=W)\n",
+      webdataset ? "#28, WebDataset shards" : "#17");
   std::printf("%-66s %8s %9s\n", "ratio", "value", "target");
   std::vector<std::string> target_json, met, missed, not_measured;
   for (const Target& t : targets) {
@@ -698,6 +772,8 @@ absl::Status RunImages(const ImagesArgs& a, const std::string& command) {
                                   .Add("mean_width", corpus.mean_width)
                                   .Add("mean_height", corpus.mean_height)
                                   .str()},
+                   {"format", JsonQuote(a.format)},
+                   {"shards", JsonQuote(shards)},
                    {"batch", absl::StrCat(a.batch)},
                    {"seed", absl::StrCat(a.seed)},
       {"min_seconds", absl::StrCat(min_seconds)},

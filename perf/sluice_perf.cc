@@ -171,6 +171,16 @@ int Main(int argc, char** argv) {
                      "torch_images.py (default: next to sluice-perf or in the source tree)");
   images->add_option("--corpus_tool", ia.corpus_tool,
                      "sluice-make-jpeg-corpus (default: next to sluice-perf or in the build tree)");
+  images->add_option("--format", ia.format,
+                     "folder (ImageFolder over the JPEG files) or webdataset (the same images in "
+                     "tar shards; the DataLoader rows stream them with tarfile)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"folder", "webdataset"}));
+  images->add_option("--samples_per_shard", ia.samples_per_shard,
+                     "--format webdataset: images per shard (default: 16 shards)")
+      ->check(CLI::NonNegativeNumber);
+  images->add_option("--webdataset_tool", ia.webdataset_tool,
+                     "sluice-make-webdataset (default: next to sluice-perf or in the build tree)");
 
   DispatcherArgs da;
   CLI::App* dispatcher = app.add_subcommand(
@@ -219,6 +229,7 @@ int Main(int argc, char** argv) {
   images_client->add_option("--worker_pids", io.worker_pids)->delimiter(',');
   images_client->add_option("--min_seconds", io.min_seconds);
   images_client->add_option("--normalize_on_client", io.normalize_on_client);
+  images_client->add_option("--webdataset", io.webdataset);
   images_client->add_option("--out", images_out)->required();
 
   // Internal: one measuring client (see the process model at the top).

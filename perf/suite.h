@@ -196,6 +196,12 @@ struct ImagesArgs {
   std::string python = "/usr/bin/python3";
   std::string torch_script;    // empty: torch_images.py next to sluice-perf or in the source tree
   std::string corpus_tool;     // empty: sluice-make-jpeg-corpus next to sluice-perf or in the build
+  // "folder" (ImageFolder over the JPEG files) or "webdataset" (the same
+  // images in tar shards made by sluice-make-webdataset; the torch rows
+  // stream them with tarfile, as the webdataset library does).
+  std::string format = "folder";
+  int64_t samples_per_shard = 0;  // 0: a sixteenth of the corpus (16 shards)
+  std::string webdataset_tool;    // empty: sluice-make-webdataset next to sluice-perf or in the build
 };
 absl::Status RunImages(const ImagesArgs& args, const std::string& command);
 
@@ -214,6 +220,9 @@ struct ImagesClientOptions {
   double min_seconds = 0;
   // Batches stay uint8 through Distribute; the client normalizes them.
   bool normalize_on_client = false;
+  // Non-empty: read the WebDataset shards DIR/shard-*.tar (jpg, cls)
+  // instead of the folder `corpus`.
+  std::string webdataset;
 };
 // images, batches, passes, seconds, cpu_s (this process + worker_pids, timed pass),
 // client_cpu_s, workers_cpu_s, peak_rss_bytes (VmHWM summed), client_rss_bytes,

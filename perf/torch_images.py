@@ -7,6 +7,13 @@ warm-up pass over the corpus, then a timed pass (a fresh iterator read to
 the end and deleted, repeated until --min_seconds). torch's defaults are left as they are (intra-op
 threads, fork start method, prefetch_factor 2) and reported.
 
+With --webdataset DIR the same images are read from the WebDataset shards
+DIR/shard-*.tar (<key>.jpg, <key>.cls) the way the webdataset library reads
+them: an IterableDataset streams each shard with the standard library's
+tarfile, groups consecutive members by key and decodes with PIL; the shards
+are divided between the DataLoader workers (worker i reads every
+num_workers-th shard).
+
 Prints one JSON line (and writes it to --out):
   images, batches, passes, seconds   the timed passes
   cpu_seconds                    cpu_self_seconds + cpu_children_seconds
@@ -25,6 +32,9 @@ torchvision cannot be imported, so that sluice-perf skips the torch rows.
 """
 import argparse
 import gc
+import glob
+import io
+import os
 import resource
 import sys
 import time
@@ -52,6 +62,47 @@ def vm_hwm_bytes(pid):
     return 0
 
 
+def tar_samples(path):
+    """The samples of one shard, streamed: {field: bytes} per key, in order."""
+    import tarfile
+    key, sample = None, {}
+    with tarfile.open(path, "r|*") as tar:
+        for m in tar:
+            if not m.isreg():
+                continue
+            base = os.path.basename(m.name)
+            dot = base.find(".")
+            if dot <= 0:
+                continue
+            k = m.name[:len(m.name) - len(base) + dot]
+            if k != key and sample:
+                yield sample
+                sample = {}
+            key = k
+            sample[base[dot + 1:].lower()] = tar.extractfile(m).read()
+    if sample:
+        yield sample
+
+
+def webdataset_images(shards_dir, transform):
+    import torch
+    from PIL import Image
+
+    class Shards(torch.utils.data.IterableDataset):
+        def __init__(self):
+            self.shards = sorted(glob.glob(os.path.join(shards_dir, "shard-*.tar")))
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            mine = self.shards if info is None else self.shards[info.id::info.num_workers]
+            for path in mine:
+                for s in tar_samples(path):
+                    img = Image.open(io.BytesIO(s["jpg"])).convert("RGB")
+                    yield transform(img), int(s["cls"])
+
+    return Shards()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", required=True, help="the image folder (root/<class>/<image>)")
@@ -61,6 +112,7 @@ def main():
     p.add_argument("--min_seconds", type=float, default=0,
                    help="repeat whole timed passes until this long (at least one)")
     p.add_argument("--out", help="also write the JSON line here")
+    p.add_argument("--webdataset", help="read DIR/shard-*.tar (jpg, cls) instead of --root")
     a = p.parse_args()
     try:
         import torch
@@ -78,7 +130,10 @@ def main():
         transforms.ToTensor(),
         transforms.Normalize(MEAN, STD),
     ])
-    dataset = datasets.ImageFolder(a.root, transform=transform)
+    if a.webdataset:
+        dataset = webdataset_images(a.webdataset, transform)
+    else:
+        dataset = datasets.ImageFolder(a.root, transform=transform)
     loader = DataLoader(dataset, batch_size=a.batch, num_workers=a.num_workers, shuffle=False,
                         persistent_workers=False)
 

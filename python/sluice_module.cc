@@ -851,6 +851,24 @@ library's message) when the step is invalid. Iterating starts a new pass.)doc");
     if (py::isinstance<Dataset>(files)) return Checked(Dataset::ReadRecords(files.cast<Dataset>()));
     return Checked(Dataset::ReadRecords(files.cast<std::vector<std::string>>()));
   }, py::arg("files"), "TFRecord records of `files` (a list of paths or a dataset of them).");
+  d.def_static("webdataset", [](py::object shards, std::vector<std::string> fields,
+                               bool skip_incomplete) {
+    if (py::isinstance<Dataset>(shards)) {
+      return Checked(Dataset::WebDataset(shards.cast<Dataset>(), std::move(fields), skip_incomplete));
+    }
+    py::object fspath = py::module_::import("os").attr("fspath");
+    if (py::isinstance<py::str>(shards) || py::hasattr(shards, "__fspath__")) {
+      return Checked(Dataset::WebDataset(fspath(shards).cast<std::string>(), std::move(fields),
+                                         skip_incomplete));
+    }
+    std::vector<std::string> paths;
+    for (py::handle p : shards.cast<py::iterable>()) paths.push_back(fspath(p).cast<std::string>());
+    return Checked(Dataset::WebDataset(std::move(paths), std::move(fields), skip_incomplete));
+  }, py::arg("shards"), py::arg("fields"), py::arg("skip_incomplete") = false,
+     "WebDataset tar shards -- a glob pattern, a list of paths or a dataset of them -- as one "
+     "element per sample: the requested fields ('jpg', 'cls', 'jpg;png' for the first present, "
+     "'__key__') as bytes scalars, in the order asked. A sample lacking a field raises "
+     "ValueError naming the shard and key unless skip_incomplete.");
   d.def_static("read_fixed_length_records",
                [](py::object files, int64_t record_bytes, int64_t header, int64_t footer) {
                  if (py::isinstance<Dataset>(files)) {

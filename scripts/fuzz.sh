@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 JOBS=${JOBS:-$(nproc)}
-read -ra TARGETS <<< "${FUZZ_TARGETS:-journal_reader_fuzz dataset_def_fuzz image_decode_fuzz}"
+read -ra TARGETS <<< "${FUZZ_TARGETS:-journal_reader_fuzz dataset_def_fuzz image_decode_fuzz webdataset_fuzz}"
 
 scripts/install-deps.sh
 echo "== sluice: configure + build (fuzz)"

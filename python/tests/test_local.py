@@ -201,3 +201,52 @@ def test_an_iterator_saved_midway_resumes_where_it_was():
     p = prefetched.make_iterator()
     next(p)
     assert ints(prefetched.make_iterator(checkpoint=p.save())) == [1, 2, 3, 4]
+
+
+def _write_shard(path, samples, mode="w"):
+    """A WebDataset shard written by the standard library's tarfile, as the
+    webdataset library's writer does: members <key>.<field>, in sample order."""
+    import tarfile
+    with tarfile.open(path, mode) as tar:
+        for key, fields in samples:
+            for field, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size = len(data)
+                tar.addfile(info, _pyio.BytesIO(data))
+
+
+def test_webdataset_reads_tarfile_shards(tmp_path):
+    shards = []
+    for s in range(3):
+        samples = [(f"s{s}/{i:04d}", {"jpg": b"image %d %d" % (s, i), "cls": b"%d" % s,
+                                      "json": b"{}"}) for i in range(4)]
+        mode = "w:gz" if s == 2 else "w"  # compressed shards read the same
+        path = tmp_path / (f"shard-{s}.tar" + (".gz" if s == 2 else ""))
+        _write_shard(path, samples, mode)
+        shards.append(path)
+    want = [(b"s%d/%04d" % (s, i), b"image %d %d" % (s, i), b"%d" % s)
+            for s in range(3) for i in range(4)]
+    pattern = sluice.Dataset.webdataset(str(tmp_path / "shard-*"), ["__key__", "jpg", "cls"])
+    assert [tuple(bytes(c) for c in e) for e in pattern] == want
+    listed = sluice.Dataset.webdataset(shards, ["__key__", "jpg", "cls"])  # pathlib paths
+    assert [tuple(bytes(c) for c in e) for e in listed] == want
+    names = sluice.Dataset.from_tensors([str(p) for p in shards])
+    assert len(list(sluice.Dataset.webdataset(names, ["cls"]))) == 12
+
+
+def test_webdataset_incomplete_samples_and_bad_shards(tmp_path):
+    shard = tmp_path / "a.tar"
+    _write_shard(shard, [("a", {"jpg": b"1", "cls": b"0"}), ("b", {"jpg": b"2"}),
+                         ("c", {"jpg": b"3", "cls": b"1"})])
+    with pytest.raises(ValueError, match=r"sample 'b' of shard '.*a.tar'.* has no 'cls' member"):
+        list(sluice.Dataset.webdataset(str(shard), ["jpg", "cls"]))
+    got = sluice.Dataset.webdataset(str(shard), ["jpg", "cls"], skip_incomplete=True)
+    assert [bytes(e[0]) for e in got] == [b"1", b"3"]
+    with pytest.raises(ValueError, match="name at least one field"):
+        sluice.Dataset.webdataset(str(shard), [])
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(shard.read_bytes()[:1200])
+    with pytest.raises(RuntimeError, match=r"shard '.*cut.tar' is truncated or corrupt at byte"):
+        list(sluice.Dataset.webdataset(str(cut), ["jpg"]))
+    with pytest.raises(FileNotFoundError):
+        list(sluice.Dataset.webdataset([tmp_path / "missing.tar"], ["jpg"]))

@@ -35,9 +35,11 @@ std::string Scratch(const std::string& name) {
 }
 
 // Runs sluice-perf with `args`; returns its exit code, output in *output.
-int RunPerf(const std::string& args, std::string* output) {
+// `env`: "NAME='value' " assignments put before the command.
+int RunPerf(const std::string& args, std::string* output, const std::string& env = "") {
   const std::string log = Scratch("out.txt");
-  const std::string cmd = absl::StrCat("'", SLUICE_PERF_BIN, "' ", args, " > '", log, "' 2>&1");
+  const std::string cmd =
+      absl::StrCat(env, "'", SLUICE_PERF_BIN, "' ", args, " > '", log, "' 2>&1");
   int status = std::system(cmd.c_str());
   *output = ReadFile(log);
   std::remove(log.c_str());
@@ -257,6 +259,48 @@ TEST(PerfSmokeTest, ImagesQuickReportsEachSection) {
   EXPECT_THAT(out, ::testing::HasSubstr("sluice local"));
   EXPECT_THAT(out, ::testing::HasSubstr("sluice distribute, 1 worker"));
   EXPECT_THAT(out, ::testing::HasSubstr("targets"));
+}
+
+// --format webdataset: the corpus is made into shards (under TMPDIR) and
+// every row, the tarfile-streaming DataLoader's included, reads each image
+// once per pass.
+TEST(PerfSmokeTest, ImagesReadFromWebDatasetShards) {
+  const std::string json = Scratch("wds.json");
+  const std::string tmp = Scratch("wds_tmp");
+  std::filesystem::create_directories(tmp);
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("images --quick --format webdataset --images 24 --classes 3 "
+                                      "--samples_per_shard 5 --workers 1 --torch_workers 0 "
+                                      "--seconds 0 --corpus '",
+                                      tmp, "/corpus' --json '", json, "'"),
+                         &out, "TMPDIR='" + tmp + "' ");
+  std::string shards;
+  for (const auto& e : std::filesystem::directory_iterator(tmp)) {
+    if (e.path().filename().string().rfind("sluice-perf-webdataset-", 0) == 0) {
+      shards = e.path().string();
+    }
+  }
+  const bool five_shards = !shards.empty() && std::filesystem::exists(shards + "/shard-000004.tar") &&
+                           !std::filesystem::exists(shards + "/shard-000005.tar");
+  std::filesystem::remove_all(tmp);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(five_shards) << "24 images at 5 per shard, under TMPDIR: " << shards;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  EXPECT_THAT(text, ::testing::HasSubstr("\"format\": \"webdataset\""));
+  for (const char* kind : {"\"kind\":\"sluice-local\"", "\"kind\":\"sluice-distribute\",",
+                           "\"kind\":\"sluice-distribute-uint8\""}) {
+    auto rows = Rows(text, kind);
+    ASSERT_EQ(rows.size(), 1u) << kind << " in " << text;
+    EXPECT_EQ(Field(rows[0], "images"), 24) << rows[0];
+  }
+  auto torch = Rows(text, "\"kind\":\"torch\",\"workers\":0,");
+  if (torch.empty()) {
+    EXPECT_THAT(text, ::testing::HasSubstr("torch rows skipped")) << text;
+  } else {
+    EXPECT_EQ(Field(torch[0], "images"), 24) << torch[0];
+  }
+  EXPECT_THAT(out, ::testing::HasSubstr("WebDataset(shard-*.tar"));
 }
 
 TEST(PerfSmokeTest, JpegCorpusIsDeterministicAndChecksItsArguments) {
