@@ -110,6 +110,7 @@ struct IteratorContext {
   uint64_t salt = 0;                    // varies shuffles per iteration and epoch
   uint64_t seed = 0;                    // the pipeline's (ContextSeed): random functions' seeds
   const Element* placeholder = nullptr;  // the element a Placeholder yields
+  std::optional<uint64_t> placeholder_key;  // and its key (Interleave's input element's)
   // Non-null: the pipeline's source reads splits from here (not inherited
   // by Interleave's per-element datasets).
   SplitSource* splits = nullptr;
@@ -174,7 +175,8 @@ bool ContainsShardHint(const proto::DatasetNode& root);
 // Iterator::Save writes; the iterator Dataset::MakeIterator returns (its
 // Save() frames the pipeline's state), made fresh or restored from a
 // checkpoint of the pipeline with this fingerprint.
-// 2: file readers save their open file's key and index (element keys).
+// 2: element keys kept through more ops: file readers save their open
+// file's key and index, Unbatch its element's key, Interleave its slots'.
 inline constexpr uint32_t kCheckpointFormatVersion = 2;
 absl::StatusOr<std::unique_ptr<Iterator>> MakeRootIterator(
     std::shared_ptr<const Analysis> analysis, const IteratorContext& ctx, uint64_t fingerprint);

@@ -98,9 +98,11 @@ class BatchIterator : public UnaryIterator {
   Result Next() override {
     const auto& b = node().batch();
     std::vector<Element> batch;
+    std::optional<uint64_t> key = kBatchKeySeed;
     while (static_cast<int64_t>(batch.size()) < b.batch_size()) {
       SLUICE_ASSIGN_OR_RETURN(auto e, in_->Next());
       if (!e) break;
+      key = CombineKeys(key, in_->ElementKey());
       if (!batch.empty() && e->size() != batch[0].size()) {
         return absl::InvalidArgumentError(absl::StrCat("Batch: elements have ", batch[0].size(),
                                                        " and ", e->size(), " components"));
@@ -118,8 +120,12 @@ class BatchIterator : public UnaryIterator {
       SLUICE_ASSIGN_OR_RETURN(Tensor t, Stack(parts, c, parallelism_));
       out.push_back(std::move(t));
     }
+    key_ = key;
     return Some(std::move(out));
   }
+  // Its elements' keys, in order, when they all have one: a batch of the
+  // same elements is keyed the same wherever it was made.
+  std::optional<uint64_t> ElementKey() const override { return key_; }
   // Nothing of its own between elements: its input's position.
   absl::Status SaveState(proto::IteratorState* state) const override {
     return SaveWithInput(state, {});
@@ -129,7 +135,9 @@ class BatchIterator : public UnaryIterator {
   }
 
  private:
+  static constexpr uint64_t kBatchKeySeed = 0xba7c4ba7c4ba7c40ull;
   int64_t parallelism_ = 1;
+  std::optional<uint64_t> key_;
 };
 
 }  // namespace

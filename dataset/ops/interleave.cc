@@ -45,9 +45,13 @@ class CycleIterator : public NodeIterator {
   Result Next() override {
     while (!in_done_ || open_ > 0) {
       if (HasSlot(cycle_)) {
-        Result r = ReadSlot(cycle_);
+        std::optional<uint64_t> sub_key;
+        Result r = ReadSlot(cycle_, &sub_key);
         if (!r.ok()) return r;
         if (r->has_value()) {
+          const std::optional<uint64_t>& origin = origins_[cycle_]->key;
+          key_ = origin && sub_key ? std::optional<uint64_t>(Mix(*origin, *sub_key))
+                                   : std::nullopt;
           if (++block_ >= block_length_) Advance();
           return r;
         }
@@ -60,8 +64,9 @@ class CycleIterator : public NodeIterator {
           in_done_ = true;
           continue;
         }
-        SLUICE_ASSIGN_OR_RETURN(auto it, MakeSlotIterator(*e, opened_));
-        origins_[cycle_] = Origin{std::move(*e), opened_++};
+        const std::optional<uint64_t> key = in_->ElementKey();
+        SLUICE_ASSIGN_OR_RETURN(auto it, MakeSlotIterator(*e, key, opened_));
+        origins_[cycle_] = Origin{std::move(*e), opened_++, key};
         OpenSlot(cycle_, std::move(it));
         ++open_;
       } else {
@@ -70,6 +75,10 @@ class CycleIterator : public NodeIterator {
     }
     return End();
   }
+  // The key of the element a slot's dataset yields mixed with the key of
+  // the input element that opened the slot (whose key its Placeholder
+  // passes on): nullopt unless both are kept.
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
   // Checkpoints: the cycle's position, the input's, and per slot the input
   // element that opened it (its dataset is made again from it), what the
@@ -86,6 +95,8 @@ class CycleIterator : public NodeIterator {
       }
       slot->set_op(kSlot);
       slot->add_values(static_cast<int64_t>(origins_[k]->number));
+      slot->add_values(origins_[k]->key.has_value());
+      slot->add_values(static_cast<int64_t>(origins_[k]->key.value_or(0)));
       SLUICE_RETURN_IF_ERROR(SaveSlot(k, slot));
       SLUICE_RETURN_IF_ERROR(SaveElement(origins_[k]->element, slot->add_inputs()));
     }
@@ -105,28 +116,34 @@ class CycleIterator : public NodeIterator {
     for (size_t k = 0; k < cycle_length_; ++k) {
       const proto::IteratorState& slot = state.inputs(1 + static_cast<int>(k));
       if (slot.op() == kEmptySlot) continue;
-      if (slot.op() != kSlot || slot.values_size() < 1 || slot.inputs_size() != 2) {
+      if (slot.op() != kSlot || slot.values_size() < kSlotValues || slot.inputs_size() != 2) {
         return CorruptCheckpoint(absl::StrCat("Interleave's slot ", k));
       }
       SLUICE_ASSIGN_OR_RETURN(Element e, RestoreElement(slot.inputs(1), 0));
       const auto number = static_cast<uint64_t>(slot.values(0));
-      SLUICE_ASSIGN_OR_RETURN(auto it, MakeSlotIterator(e, number));
-      origins_[k] = Origin{std::move(e), number};
+      const std::optional<uint64_t> key =
+          slot.values(1) != 0 ? std::optional<uint64_t>(static_cast<uint64_t>(slot.values(2)))
+                              : std::nullopt;
+      SLUICE_ASSIGN_OR_RETURN(auto it, MakeSlotIterator(e, key, number));
+      origins_[k] = Origin{std::move(e), number, key};
       SLUICE_RETURN_IF_ERROR(RestoreSlot(k, std::move(it), slot));
     }
     return absl::OkStatus();
   }
 
  protected:
-  // A slot's checkpoint: values[0] its number; SaveSlot appends what it
-  // holds ahead (SaveHeld, from values[1]) and its dataset's state
+  // A slot's checkpoint: values[0] its number, values[1..2] whether its
+  // input element had a key and the key; SaveSlot appends what it holds
+  // ahead (SaveHeld, from values[kSlotValues]) and its dataset's state
   // (inputs[0]); inputs[1] holds the element that opened it.
+  static constexpr int kSlotValues = 3;
   virtual absl::Status SaveSlot(size_t k, proto::IteratorState* slot) const = 0;
   virtual absl::Status RestoreSlot(size_t k, std::unique_ptr<Iterator> it,
                                    const proto::IteratorState& slot) = 0;
   virtual bool HasSlot(size_t k) const = 0;
-  // The slot's next element, its end, or an error.
-  virtual Result ReadSlot(size_t k) = 0;
+  // The slot's next element (and its key in the slot's dataset), its end,
+  // or an error.
+  virtual Result ReadSlot(size_t k, std::optional<uint64_t>* key) = 0;
   virtual void OpenSlot(size_t k, std::unique_ptr<Iterator> it) = 0;
   virtual void CloseSlot(size_t k) = 0;  // after ReadSlot returned its end
 
@@ -140,12 +157,15 @@ class CycleIterator : public NodeIterator {
     cycle_ = (cycle_ + 1) % cycle_length_;
   }
 
-  // The dataset `fn` makes of input element `e`, the `number`-th opened.
+  // The dataset `fn` makes of input element `e` (keyed `key`), the
+  // `number`-th opened.
   absl::StatusOr<std::unique_ptr<Iterator>> MakeSlotIterator(const Element& e,
+                                                              std::optional<uint64_t> key,
                                                               uint64_t number) const {
     IteratorContext ctx = ctx_;
     ctx.salt = Mix(ctx_.salt, number);
     ctx.placeholder = &e;
+    ctx.placeholder_key = key;
     return MakeNodeIterator(a_->sub, ctx);
   }
 
@@ -154,6 +174,7 @@ class CycleIterator : public NodeIterator {
   struct Origin {
     Element element;
     uint64_t number = 0;
+    std::optional<uint64_t> key;
   };
   std::vector<std::optional<Origin>> origins_ = std::vector<std::optional<Origin>>(cycle_length_);
   std::unique_ptr<Iterator> in_;
@@ -163,6 +184,7 @@ class CycleIterator : public NodeIterator {
   int64_t open_ = 0;
   uint64_t opened_ = 0;
   bool in_done_ = false;
+  std::optional<uint64_t> key_;
 };
 
 class InterleaveIterator : public CycleIterator {
@@ -182,7 +204,11 @@ class InterleaveIterator : public CycleIterator {
     slots_[k] = std::move(it);
     return absl::OkStatus();
   }
-  Result ReadSlot(size_t k) override { return slots_[k]->Next(); }
+  Result ReadSlot(size_t k, std::optional<uint64_t>* key) override {
+    Result r = slots_[k]->Next();
+    if (r.ok() && r->has_value()) *key = slots_[k]->ElementKey();
+    return r;
+  }
   void OpenSlot(size_t k, std::unique_ptr<Iterator> it) override { slots_[k] = std::move(it); }
   void CloseSlot(size_t k) override { slots_[k].reset(); }
 
@@ -218,7 +244,7 @@ class ParallelInterleaveIterator : public CycleIterator {
   struct Slot {
     std::unique_ptr<Iterator> it;     // read only by this slot's fill
     absl::Mutex mu;                   // between the fill and the consumer
-    std::deque<Result> buf ABSL_GUARDED_BY(mu);
+    std::deque<HeldResult> buf ABSL_GUARDED_BY(mu);  // results with their keys
     bool ended ABSL_GUARDED_BY(mu) = false;  // the end or an error is in buf
     std::shared_ptr<PoolTask> fill;   // the last fill made (consumer's thread only)
   };
@@ -234,10 +260,8 @@ class ParallelInterleaveIterator : public CycleIterator {
     Slot& s = *slots_[k];
     if (s.fill != nullptr) s.fill->Wait();
     absl::MutexLock l(&s.mu);
-    std::vector<HeldResult> results;
-    for (const Result& r : s.buf) results.push_back({r, std::nullopt});
     std::vector<const HeldResult*> held;
-    for (const HeldResult& h : results) held.push_back(&h);
+    for (const HeldResult& h : s.buf) held.push_back(&h);
     SLUICE_RETURN_IF_ERROR(SaveHeld(held, state));
     if (s.ended) {
       state->add_inputs()->set_op(kEndedState);
@@ -247,14 +271,14 @@ class ParallelInterleaveIterator : public CycleIterator {
   }
   absl::Status RestoreSlot(size_t k, std::unique_ptr<Iterator> it,
                            const proto::IteratorState& state) override {
-    SLUICE_ASSIGN_OR_RETURN(std::vector<HeldResult> held, RestoreHeld(state, 1));
+    SLUICE_ASSIGN_OR_RETURN(std::vector<HeldResult> held, RestoreHeld(state, kSlotValues));
     SLUICE_RETURN_IF_ERROR(it->RestoreState(state.inputs(0)));
     OpenSlot(k, std::move(it));
     Slot& s = *slots_[k];
     absl::MutexLock l(&s.mu);
     for (HeldResult& h : held) {
       if (!h.result.ok() || !h.result->has_value()) s.ended = true;
-      s.buf.push_back(std::move(h.result));
+      s.buf.push_back(std::move(h));
     }
     return absl::OkStatus();
   }
@@ -262,9 +286,9 @@ class ParallelInterleaveIterator : public CycleIterator {
     if (slots_[k]->fill != nullptr) slots_[k]->fill->Wait();  // it pushed the end; let it return
     slots_[k].reset();
   }
-  Result ReadSlot(size_t k) override {
+  Result ReadSlot(size_t k, std::optional<uint64_t>* key) override {
     StartFills();
-    return Take(*slots_[k]);
+    return Take(*slots_[k], key);
   }
 
   // Starts fills for slots from the current one on, in cycle order, while
@@ -296,8 +320,10 @@ class ParallelInterleaveIterator : public CycleIterator {
       for (int64_t i = 0; i < n && !st->cancelled.load(); ++i) {
         Result r = s->it->Next();
         const bool terminal = !r.ok() || !r->has_value();
+        std::optional<uint64_t> key;
+        if (!terminal) key = s->it->ElementKey();
         absl::MutexLock l(&s->mu);
-        s->buf.push_back(std::move(r));
+        s->buf.push_back({std::move(r), key});
         if (terminal) {
           s->ended = true;
           return;
@@ -306,14 +332,15 @@ class ParallelInterleaveIterator : public CycleIterator {
     });
   }
 
-  // The slot's next result, waiting for (or running) its fill.
-  Result Take(Slot& slot) {
+  // The slot's next result and its key, waiting for (or running) its fill.
+  Result Take(Slot& slot, std::optional<uint64_t>* key) {
     Result r = End();
     while (true) {
       {
         absl::MutexLock l(&slot.mu);
         if (!slot.buf.empty()) {
-          r = std::move(slot.buf.front());
+          r = std::move(slot.buf.front().result);
+          *key = slot.buf.front().key;
           slot.buf.pop_front();
           return r;
         }

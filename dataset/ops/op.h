@@ -236,6 +236,15 @@ class ForwardingIterator : public UnaryIterator {
   std::optional<uint64_t> ElementKey() const override { return in_->ElementKey(); }
 };
 
+// The key of an element made of several (Batch, Zip): `acc` (a seed, then
+// what this returned) mixed with each part's key in order; nullopt once a
+// part has none.
+inline std::optional<uint64_t> CombineKeys(std::optional<uint64_t> acc,
+                                           std::optional<uint64_t> part) {
+  if (!acc || !part) return std::nullopt;
+  return Mix(*acc, *part);
+}
+
 // Seeds the random calls of an op's function (CompiledFunction::Apply) per
 // element: from the pipeline's seed and the element's key or, where the
 // input does not keep keys, the element's position in this iterator's

@@ -16,12 +16,16 @@ absl::Status Analyze(Analysis& a, const ElementSpec* placeholder) {
 
 class PlaceholderIterator : public NodeIterator {
  public:
-  PlaceholderIterator(AnalysisPtr a, Element e) : NodeIterator(std::move(a)), e_(std::move(e)) {}
+  PlaceholderIterator(AnalysisPtr a, Element e, std::optional<uint64_t> key)
+      : NodeIterator(std::move(a)), e_(std::move(e)), key_(key) {}
   Result Next() override {
     if (done_) return End();
     done_ = true;
     return Some(std::move(e_));
   }
+  // The key of the input element it stands for, so that what the function
+  // makes of it keeps a tie to it.
+  std::optional<uint64_t> ElementKey() const override { return key_; }
   // The element it yields is made again (Interleave saves it); only
   // whether it was yielded is its own.
   absl::Status SaveState(proto::IteratorState* state) const override {
@@ -36,6 +40,7 @@ class PlaceholderIterator : public NodeIterator {
 
  private:
   Element e_;
+  std::optional<uint64_t> key_;
   bool done_ = false;
 };
 
@@ -43,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const Iter
   if (ctx.placeholder == nullptr) {
     return absl::InvalidArgumentError("Placeholder is only valid inside Interleave");
   }
-  return std::unique_ptr<Iterator>(new PlaceholderIterator(std::move(a), *ctx.placeholder));
+  return std::unique_ptr<Iterator>(new PlaceholderIterator(std::move(a), *ctx.placeholder, ctx.placeholder_key));
 }
 
 }  // namespace

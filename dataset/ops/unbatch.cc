@@ -60,6 +60,7 @@ class UnbatchIterator : public UnaryIterator {
       }
       if (rows_ < 0) rows_ = 0;
       cur_ = std::move(*e);
+      cur_key_ = in_->ElementKey();
       row_ = 0;
     }
     Element out;
@@ -67,23 +68,32 @@ class UnbatchIterator : public UnaryIterator {
       SLUICE_ASSIGN_OR_RETURN(Tensor r, Row(t, row_));
       out.push_back(std::move(r));
     }
+    key_ = cur_key_ ? std::optional<uint64_t>(Mix(*cur_key_, static_cast<uint64_t>(row_)))
+                    : std::nullopt;
     ++row_;
     return Some(std::move(out));
   }
+  // Row i of an element keyed k is keyed Mix(k, i).
+  std::optional<uint64_t> ElementKey() const override { return key_; }
+  // The element being split with its key, the row, and the input.
   absl::Status SaveState(proto::IteratorState* state) const override {
     if (row_ < rows_) SLUICE_RETURN_IF_ERROR(SaveElement(cur_, state));
-    return SaveWithInput(state, {row_, rows_});
+    return SaveWithInput(state, {row_, rows_, cur_key_.has_value(),
+                                 static_cast<int64_t>(cur_key_.value_or(0))});
   }
   absl::Status RestoreState(const proto::IteratorState& state) override {
-    SLUICE_RETURN_IF_ERROR(RestoreWithInput(state, {&row_, &rows_}));
+    int64_t has_key = 0, key = 0;
+    SLUICE_RETURN_IF_ERROR(RestoreWithInput(state, {&row_, &rows_, &has_key, &key}));
     if (row_ < rows_) {
       SLUICE_ASSIGN_OR_RETURN(cur_, RestoreElement(state, 0));
     }
+    cur_key_ = has_key != 0 ? std::optional<uint64_t>(static_cast<uint64_t>(key)) : std::nullopt;
     return absl::OkStatus();
   }
 
  private:
   Element cur_;
+  std::optional<uint64_t> cur_key_, key_;
   int64_t row_ = 0, rows_ = 0;
 };
 

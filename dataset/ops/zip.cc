@@ -34,13 +34,18 @@ class ZipIterator : public NodeIterator {
       : NodeIterator(std::move(a)), in_(std::move(in)) {}
   Result Next() override {
     Element out;
+    std::optional<uint64_t> key = kZipKeySeed;
     for (auto& it : in_) {
       SLUICE_ASSIGN_OR_RETURN(auto e, it->Next());
       if (!e) return End();
       for (auto& t : *e) out.push_back(std::move(t));
+      key = CombineKeys(key, it->ElementKey());
     }
+    key_ = key;
     return Some(std::move(out));
   }
+  // Its inputs' keys, in order, when they all have one.
+  std::optional<uint64_t> ElementKey() const override { return key_; }
   absl::Status SaveState(proto::IteratorState* state) const override {
     SLUICE_RETURN_IF_ERROR(BeginSave(state));
     for (const auto& it : in_) SLUICE_RETURN_IF_ERROR(it->SaveState(state->add_inputs()));
@@ -55,7 +60,9 @@ class ZipIterator : public NodeIterator {
   }
 
  private:
+  static constexpr uint64_t kZipKeySeed = 0x21b21b21b21b21b0ull;
   std::vector<std::unique_ptr<Iterator>> in_;
+  std::optional<uint64_t> key_;
 };
 
 absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {

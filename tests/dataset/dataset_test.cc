@@ -666,5 +666,100 @@ TEST(PluginTest, BadPluginPathsAreClearErrors) {
                 "cannot load plugin");
 }
 
+// ---- element keys (docs/datasets.md, "Randomness") ----
+
+using Keyed = std::vector<std::pair<std::string, uint64_t>>;
+
+// Each element (as text) with its key; a failure for an element without one.
+Keyed Keys(const Dataset& ds) {
+  Keyed out;
+  auto it = ds.MakeIterator();
+  EXPECT_OK(it.status());
+  if (!it.ok()) return out;
+  while (true) {
+    auto e = (*it)->Next();
+    EXPECT_OK(e.status());
+    if (!e.ok() || !e->has_value()) break;
+    const std::optional<uint64_t> key = (*it)->ElementKey();
+    EXPECT_TRUE(key.has_value()) << "no key for " << ElementDebugString(**e);
+    out.emplace_back(ElementDebugString(**e), key.value_or(0));
+  }
+  return out;
+}
+
+Keyed Concat(std::initializer_list<Keyed> parts) {
+  Keyed out;
+  for (const Keyed& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+void ExpectDistinctKeys(const Keyed& k) {
+  std::set<uint64_t> keys;
+  for (const auto& [e, key] : k) keys.insert(key);
+  EXPECT_EQ(keys.size(), k.size());
+}
+
+// Batch, Unbatch and Zip derive their elements' keys from their inputs'
+// (a batch of the same elements, a row of the same batch, a tuple of the
+// same parts is keyed the same), so the same elements get the same keys
+// however the input was divided (here with Take and Skip, which keep keys).
+TEST(ElementKeyTest, BatchUnbatchAndZipKeepKeysWhateverHowTheInputIsDivided) {
+  auto range = [](int64_t skip, int64_t take) { return Dataset::Range(12).Skip(skip).Take(take); };
+  const Keyed batches = Keys(range(0, 12).Batch(3));
+  ASSERT_EQ(batches.size(), 4u);
+  ExpectDistinctKeys(batches);
+  EXPECT_EQ(batches, Concat({Keys(range(0, 6).Batch(3)), Keys(range(6, 6).Batch(3))}));
+  const Keyed rows = Keys(range(0, 12).Batch(4).Unbatch());
+  ASSERT_EQ(rows.size(), 12u);
+  ExpectDistinctKeys(rows);
+  EXPECT_EQ(rows, Concat({Keys(range(0, 8).Batch(4).Unbatch()), Keys(range(8, 4).Batch(4).Unbatch())}));
+  auto zip = [&](int64_t skip, int64_t take) {
+    return Dataset::Zip({range(skip, take), range(skip, take).Map(x * 2)});
+  };
+  const Keyed tuples = Keys(zip(0, 12));
+  ASSERT_EQ(tuples.size(), 12u);
+  ExpectDistinctKeys(tuples);
+  EXPECT_EQ(tuples, Concat({Keys(zip(0, 5)), Keys(zip(5, 7))}));
+  // A row's key is not its batch's, nor a tuple's its first part's.
+  EXPECT_NE(rows[0].second, Keys(range(0, 12).Batch(4))[0].second);
+  EXPECT_NE(tuples[0].second, Keys(range(0, 12))[0].second);
+}
+
+// Interleave keys an element from the input element that opened its slot
+// and the element's key in that slot's dataset (its Placeholder passes the
+// input element's key on): the same with the input sharded, and with the
+// slots read in parallel.
+TEST(ElementKeyTest, InterleaveKeysByInputElementAndPositionInItsDataset) {
+  auto fn = [](const Dataset& d) { return d.Repeat(3).Map(x * 10); };
+  auto sorted = [](Keyed k) {
+    std::sort(k.begin(), k.end());
+    return k;
+  };
+  const Keyed whole = Keys(Dataset::Range(6).Interleave(fn, 2));
+  ASSERT_EQ(whole.size(), 18u);
+  ExpectDistinctKeys(whole);
+  const Keyed sharded = Concat({Keys(Dataset::Range(6).Shard(2, 0).Interleave(fn, 2)),
+                                Keys(Dataset::Range(6).Shard(2, 1).Interleave(fn, 3))});
+  EXPECT_EQ(sorted(sharded), sorted(whole));
+  EXPECT_EQ(Keys(Dataset::Range(6).Interleave(fn, 2, 1, /*num_parallel_calls=*/2)), whole);
+  // Files read in an Interleave: records keyed by (file name's key, index).
+  TempDir dir;
+  std::vector<std::string> files;
+  for (int f = 0; f < 3; ++f) {
+    files.push_back(dir.File(absl::StrCat("r", f)));
+    ASSERT_OK(WriteTFRecordFile(files.back(), {absl::StrCat(f, "a"), absl::StrCat(f, "b")}));
+  }
+  const Dataset names = Dataset::FromTensors({{Tensor::String(files[0])},
+                                              {Tensor::String(files[1])},
+                                              {Tensor::String(files[2])}});
+  auto read = [](const Dataset& f) { return Dataset::ReadRecords(f); };
+  const Keyed records = Keys(names.Interleave(read, 2));
+  ASSERT_EQ(records.size(), 6u);
+  ExpectDistinctKeys(records);
+  EXPECT_EQ(sorted(Concat({Keys(names.Shard(2, 0).Interleave(read, 1)),
+                           Keys(names.Shard(2, 1).Interleave(read, 2))})),
+            sorted(records));
+}
+
 }  // namespace
 }  // namespace sluice
