@@ -246,6 +246,7 @@ class DataServiceIterator final : public Iterator {
   absl::StatusOr<std::optional<Element>> Next() override ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<internal::PlannedRequest> planned;
     absl::StatusOr<std::optional<Element>> out = std::optional<Element>();
+    std::optional<uint64_t> key;
     {
       absl::MutexLock l(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -271,14 +272,20 @@ class DataServiceIterator final : public Iterator {
       }
       if (reader_->HasElement()) {
         out = std::optional<Element>(reader_->TakeElement());
+        key = reader_->last_key();
         planned = PlanLocked();  // a reply slot may be free
       } else if (!ErrorLocked().ok()) {
         out = ErrorLocked();
       }
     }
     Send(std::move(planned));
+    key_ = key;
     return out;
   }
+  // The key the worker's pipeline gave the element (the ops that keep keys
+  // on the worker keep it through Distribute): a random op after Distribute
+  // draws the same whichever worker produced it.
+  std::optional<uint64_t> ElementKey() const override { return key_; }
 
  private:
   DataServiceIterator(const proto::DatasetNode::DataService& node,
@@ -613,6 +620,8 @@ class DataServiceIterator final : public Iterator {
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;         // see NudgeHeartbeatLocked()
   bool warned_protocol_ ABSL_GUARDED_BY(mu_) = false;  // see Connect()
   bool warned_stall_ ABSL_GUARDED_BY(mu_) = false;  // see WarnIfStalledLocked()
+  // The key of the element Next() last returned (only the caller's thread).
+  std::optional<uint64_t> key_;
   // The timer thread sleeps until timer_deadline_ unless kicked.
   absl::Time timer_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool timer_kick_ ABSL_GUARDED_BY(mu_) = false;

@@ -129,9 +129,10 @@ void SplitDedup::SetWatermark(int64_t watermark, bool hold) {
 // ---- Reader ------------------------------------------------------------------------
 
 Element Reader::TakeElement() {
-  std::vector<Element>& batch = results_.front();
-  Element e = std::move(batch[next_in_batch_++]);
-  if (next_in_batch_ == batch.size()) {
+  Piece& batch = results_.front();
+  last_key_ = batch.positions[next_in_batch_].key;
+  Element e = std::move(batch.elements[next_in_batch_++]);
+  if (next_in_batch_ == batch.elements.size()) {
     results_.pop_front();
     next_in_batch_ = 0;
   }
@@ -284,18 +285,19 @@ std::vector<PlannedRequest> FcfsReader::Plan(std::map<int64_t, ClientTask>& task
 
 void FcfsReader::Deliver(ClientTask& t, std::vector<Piece> pieces) {
   for (Piece& piece : pieces) {
-    std::vector<Element> fresh;
-    fresh.reserve(piece.elements.size());
+    Piece fresh;
+    fresh.elements.reserve(piece.elements.size());
     for (size_t i = 0; i < piece.elements.size(); ++i) {
       const SplitPosition pos = i < piece.positions.size() ? piece.positions[i] : SplitPosition{};
       if (pos.split_id > 0) ++t.unacked[pos.split_id];
       if (dedup_.FirstDelivery(pos.split_id, pos.index)) {
-        fresh.push_back(std::move(piece.elements[i]));
+        fresh.elements.push_back(std::move(piece.elements[i]));
+        fresh.positions.push_back(pos);
       } else {
         counters_.duplicates++;  // a reassigned split's element we already have
       }
     }
-    if (!fresh.empty()) results_.push_back(std::move(fresh));
+    if (!fresh.elements.empty()) results_.push_back(std::move(fresh));
   }
 }
 
@@ -401,12 +403,18 @@ ClientTask* RoundReader::TaskForRound(std::map<int64_t, ClientTask>& tasks, int6
   return active[round % static_cast<int64_t>(active.size())];
 }
 
-void RoundReader::Resolve(int64_t round, std::optional<Element> e) {
-  if (!e) counters_.rounds_skipped++;
-  rounds_.emplace(round, std::move(e));
+void RoundReader::Resolve(int64_t round, std::optional<Element> e, SplitPosition pos) {
+  Piece p;
+  if (e) {
+    p.elements.push_back(*std::move(e));
+    p.positions.push_back(pos);
+  } else {
+    counters_.rounds_skipped++;
+  }
+  rounds_.emplace(round, std::move(p));
   for (auto it = rounds_.begin(); it != rounds_.end() && it->first == deliver_round_;
        it = rounds_.erase(it)) {
-    if (it->second) results_.push_back({*std::move(it->second)});
+    if (!it->second.elements.empty()) results_.push_back(std::move(it->second));
     ++deliver_round_;
   }
 }
@@ -472,7 +480,8 @@ void RoundReader::OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedReq
     t.received++;
     counters_.elements++;
     counters_.bytes += static_cast<int64_t>(r->bytes);
-    return Resolve(sent.round, std::move(r->elements[0]));
+    return Resolve(sent.round, std::move(r->elements[0]),
+                   r->positions.empty() ? SplitPosition{} : r->positions[0]);
   }
   if (r.ok() && r->end_of_sequence) t.end_of_sequence = true;
   if (t.lost || t.end_of_sequence) return Resolve(sent.round, std::nullopt);

@@ -200,6 +200,9 @@ class Reader {
   // Elements ready for Next(), in delivery order.
   bool HasElement() const { return !results_.empty(); }
   Element TakeElement();
+  // The key the worker gave the element TakeElement last returned
+  // (Iterator::ElementKey), when its pipeline keeps one.
+  std::optional<uint64_t> last_key() const { return last_key_; }
   int64_t in_flight() const { return in_flight_; }
   // The earliest time Plan may have something new to send without another
   // event (a retry backoff ending); InfiniteFuture if none.
@@ -219,8 +222,9 @@ class Reader {
                    const std::string& what);
 
   bool stopping_ = false;
-  std::deque<std::vector<Element>> results_;  // each non-empty
+  std::deque<Piece> results_;  // each non-empty, positions as many as elements
   size_t next_in_batch_ = 0;
+  std::optional<uint64_t> last_key_;
   int64_t in_flight_ = 0;
   absl::Status error_;
   ReaderCounters counters_;
@@ -290,7 +294,8 @@ class RoundReader final : public Reader {
     absl::Time at;
   };
   ClientTask* TaskForRound(std::map<int64_t, ClientTask>& tasks, int64_t round);
-  void Resolve(int64_t round, std::optional<Element> e);
+  // The round's element (none: the round was skipped) and where it came from.
+  void Resolve(int64_t round, std::optional<Element> e, SplitPosition pos = {});
   PlannedRequest Request(ClientTask& t, int64_t round);
 
   const ReaderOptions options_;
@@ -298,7 +303,7 @@ class RoundReader final : public Reader {
   // is started while honoured_block_ >= 0.
   int64_t next_round_ = 0;
   int64_t deliver_round_ = 0;
-  std::map<int64_t, std::optional<Element>> rounds_;  // resolved, not delivered
+  std::map<int64_t, Piece> rounds_;  // resolved, not delivered (empty: skipped)
   std::vector<Retry> retries_;  // rounds to ask again (not ready, or failed)
   int64_t honoured_block_ = -1;
 };

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -70,9 +71,15 @@ struct ElementRequest {
   bool resend = false;
 };
 
+// Where an element came from: its split and index in the split's output
+// (distributed_epoch, split-tracked pipelines; -1 otherwise) and its key
+// on the worker (Iterator::ElementKey, when the pipeline keeps one), which
+// the client's iterator reports, so that a random op after Distribute
+// draws the same whatever worker produced the element.
 struct SplitPosition {
   int64_t split_id = -1;
   int64_t index = -1;
+  std::optional<uint64_t> key;
 };
 
 struct ElementResult {
@@ -90,10 +97,10 @@ struct ElementResult {
   // lost (ElementRequest::resend).
   bool resent = false;
   size_t bytes = 0;  // frame bytes received
-  // Parallel to `elements`: for distributed_epoch (split-tracked
-  // pipelines) the split each element came from and its index in that
-  // split's output; -1 otherwise. The client drops a (split_id, index) it
-  // already delivered.
+  // Parallel to `elements` (SplitPosition): for distributed_epoch
+  // (split-tracked pipelines) the split each element came from and its
+  // index in that split's output, -1 otherwise (the client drops a
+  // (split_id, index) it already delivered); and each element's key.
   std::vector<SplitPosition> positions;
 };
 

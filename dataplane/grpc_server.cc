@@ -107,6 +107,8 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
       bytes_copied_ += static_cast<int64_t>(f.frame_size());
       resp->set_split_id(f.position.split_id);
       resp->set_split_index(f.position.index);
+      resp->set_has_key(f.position.key.has_value());
+      resp->set_key(f.position.key.value_or(0));
       resp->set_seq(served->seq);
     }
     return grpc::Status::OK;

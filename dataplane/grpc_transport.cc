@@ -140,7 +140,8 @@ class GrpcElementTransport final : public ElementTransport {
                                               decoded.status().message()));
     }
     out.elements.push_back(std::move(decoded->element));
-    out.positions.push_back({resp.split_id(), resp.split_index()});
+    out.positions.push_back({resp.split_id(), resp.split_index(),
+                             resp.has_key() ? std::optional<uint64_t>(resp.key()) : std::nullopt});
     out.seq = resp.seq();
     return out;
   }

@@ -38,14 +38,15 @@
 // reply's seq; version 5 added delivered_seq, the resend flag and the
 // reply's resent flag (version 4 had a 72-byte header).
 //
-// Worker -> client: AM kElementAm on the reply endpoint; header (56 bytes)
+// Worker -> client: AM kElementAm on the reply endpoint; header (64 bytes)
 // followed by `inline_len` bytes:
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'E' 'L'                            |
 //   | 4      | 2    | flags: bit0 end_of_sequence, bit1 not_ready,     |
 //   |        |      | bit2 error, bit3 batch, bit4 split frame, bit5   |
-//   |        |      | resent (ElementResult::resent)                   |
+//   |        |      | resent (ElementResult::resent), bit6 keyed: the  |
+//   |        |      | element has a key (offset 56)                    |
 //   | 6      | 2    | reserved (0)                                     |
 //   | 8      | 8    | request_id                                       |
 //   | 16     | 4    | status code (absl::StatusCode) when bit2         |
@@ -59,7 +60,8 @@
 //   |        |      | the consumer in all; otherwise -1 without        |
 //   |        |      | elements or when the worker keeps no order       |
 //   |        |      | (coordinated rounds)                             |
-//   | 56     | m    | inline bytes: the error message (bit2) or the    |
+//   | 56     | 8    | the element's key (Iterator::ElementKey) if bit6 |
+//   | 64     | m    | inline bytes: the error message (bit2) or the    |
 //   |        |      | frame header (bit4)                              |
 // The AM data is sent rendezvous (UCP_AM_SEND_FLAG_RNDV) so that it lands
 // directly in the client's registered buffer, and is one of:
@@ -76,9 +78,10 @@
 //   | 0      | 4      | magic 'S' 'L' 'B' 'T'                          |
 //   | 4      | 4      | count n (2..kMaxBatchElements)                 |
 //   | 8      | 8      | reserved (0)                                   |
-//   | 16     | 32 * n | entries: offset (from the blob's start, 64-    |
-//   |        |        | byte aligned), frame size, split_id,           |
-//   |        |        | index in split (each 8 bytes)                  |
+//   | 16     | 48 * n | entries: offset (from the blob's start, 64-    |
+//   |        |        | byte aligned), frame size, split_id, index in  |
+//   |        |        | split, key, keyed (1: the key is the           |
+//   |        |        | element's; 0: it has none) (each 8 bytes)      |
 //   | ...    |        | the frames at their offsets, in task order     |
 #pragma once
 
@@ -92,7 +95,7 @@ inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
 inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
-inline constexpr uint32_t kProtocolVersion = 5;
+inline constexpr uint32_t kProtocolVersion = 6;
 inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxBatchElements = 1024;
 
@@ -114,6 +117,7 @@ enum ReplyFlags : uint16_t {
   kReplyBatch = 1u << 3,
   kReplySplitFrame = 1u << 4,
   kReplyResent = 1u << 5,
+  kReplyKeyed = 1u << 6,
 };
 
 struct RequestHeader {
@@ -154,9 +158,11 @@ struct ReplyHeader {
   int64_t split_id;
   int64_t split_index;
   int64_t seq;
+  uint64_t key;  // when kReplyKeyed
 };
-static_assert(sizeof(ReplyHeader) == 56);
-static_assert(offsetof(ReplyHeader, split_id) == 32 && offsetof(ReplyHeader, seq) == 48);
+static_assert(sizeof(ReplyHeader) == 64);
+static_assert(offsetof(ReplyHeader, split_id) == 32 && offsetof(ReplyHeader, seq) == 48 &&
+              offsetof(ReplyHeader, key) == 56);
 
 struct BatchHeader {
   uint32_t magic;
@@ -170,8 +176,10 @@ struct BatchEntry {
   uint64_t size;
   int64_t split_id;
   int64_t split_index;
+  uint64_t key;
+  uint64_t keyed;  // 1: `key` is the element's
 };
-static_assert(sizeof(BatchEntry) == 32);
+static_assert(sizeof(BatchEntry) == 48);
 
 inline constexpr uint64_t AlignUp64(uint64_t v) { return (v + 63) / 64 * 64; }
 

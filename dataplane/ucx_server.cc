@@ -270,6 +270,7 @@ struct UcxElementServer::Impl {
         FrameBuffer& f = r->frames[0];
         h.split_id = f.position.split_id;
         h.split_index = f.position.index;
+        h.key = f.position.key.value_or(0);
         if (f.payload != nullptr) {
           h.flags = ucx::kReplySplitFrame;
           out->reply.append(reinterpret_cast<const char*>(f.data), f.size);
@@ -281,6 +282,7 @@ struct UcxElementServer::Impl {
           out->size = f.size;
           out->memh = f.memh;
         }
+        if (f.position.key) h.flags |= ucx::kReplyKeyed;
         out->frames = std::move(r->frames);
         if (r->resent) h.flags |= ucx::kReplyResent;
       } else {
@@ -326,8 +328,9 @@ struct UcxElementServer::Impl {
     size_t total = ucx::AlignUp64(sizeof(ucx::BatchHeader) + n * sizeof(ucx::BatchEntry));
     std::vector<ucx::BatchEntry> entries(n);
     for (size_t i = 0; i < n; ++i) {
-      entries[i] = {total, frames[i].frame_size(), frames[i].position.split_id,
-                    frames[i].position.index};
+      const SplitPosition& pos = frames[i].position;
+      entries[i] = {total, frames[i].frame_size(), pos.split_id, pos.index, pos.key.value_or(0),
+                    pos.key.has_value()};
       total += ucx::AlignUp64(frames[i].frame_size());
     }
     SLUICE_ASSIGN_OR_RETURN(out->blob, send_pool->Acquire(total));

@@ -466,7 +466,8 @@ class UcxClient {
       auto decoded = DecodeFrame(data + e.offset, e.size, buffer);
       if (!decoded.ok()) return BadReply(decoded.status().message());
       r->elements.push_back(std::move(decoded->element));
-      r->positions.push_back({e.split_id, e.split_index});
+      r->positions.push_back({e.split_id, e.split_index,
+                              e.keyed != 0 ? std::optional<uint64_t>(e.key) : std::nullopt});
     }
     return absl::OkStatus();
   }
@@ -547,7 +548,9 @@ class UcxClient {
       return drop();
     }
     p->header_bytes = p->kind == ucx::kReplySplitFrame ? inline_len : 0;
-    p->position = {h.split_id, h.split_index};
+    p->position = {h.split_id, h.split_index,
+                   (h.flags & ucx::kReplyKeyed) != 0 ? std::optional<uint64_t>(h.key)
+                                                     : std::nullopt};
     p->seq = h.seq;
     p->data_size = length;
     auto buffer = self->pool_->Acquire(p->header_bytes + ucx::AlignUp64(length));

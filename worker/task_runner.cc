@@ -94,6 +94,7 @@ void TaskRunner::Produce() {
     if (splits_) {
       std::tie(frame->position.split_id, frame->position.index) = splits_->Tag();
     }
+    frame->position.key = (*it)->ElementKey();
     absl::MutexLock l(&mu_);
     buffered_bytes_ += frame->frame_size();
     buffer_.push_back(*std::move(frame));

@@ -40,7 +40,8 @@ ElementResult Reply(std::vector<int64_t> values, int64_t seq, int64_t split = -1
   ElementResult r;
   for (size_t i = 0; i < values.size(); ++i) {
     r.elements.push_back(Value(values[i]));
-    r.positions.push_back({split, split < 0 ? -1 : index + static_cast<int64_t>(i)});
+    r.positions.push_back(
+        {split, split < 0 ? -1 : index + static_cast<int64_t>(i), std::nullopt});
   }
   r.seq = seq;
   return r;

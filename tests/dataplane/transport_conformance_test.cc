@@ -99,20 +99,23 @@ class ConformanceTest : public ::testing::TestWithParam<std::string> {
           fields.push_back(a.split_id);
           fields.push_back(a.count);
         }
-        absl::Status s = add({Tensor::FromVector<int64_t>(fields)}, {41, 7});
+        absl::Status s = add({Tensor::FromVector<int64_t>(fields)}, {41, 7, 0xfedcba9876543210ull});
         if (!s.ok()) return s;
         out.seq = 1000 + r.client_id % 1000;
         return out;
       }
       case kBatch:
         for (int64_t i = 0; i < std::min<int64_t>(r.max_elements, 5); ++i) {
-          absl::Status s = add({Tensor::Scalar<int64_t>(i)}, {i, 10 * i});
+          // Odd elements keyed, even ones not: a key is per element.
+          std::optional<uint64_t> key;
+          if (i % 2 == 1) key = 1000 + static_cast<uint64_t>(i);
+          absl::Status s = add({Tensor::Scalar<int64_t>(i)}, {i, 10 * i, key});
           if (!s.ok()) return s;
         }
         out.seq = 20;
         return out;
       default: {
-        absl::Status s = add(elements_.at(r.task_id), {-1, -1});
+        absl::Status s = add(elements_.at(r.task_id), {-1, -1, std::nullopt});
         if (!s.ok()) return s;
         return out;
       }
@@ -226,13 +229,14 @@ TEST_P(ConformanceTest, EveryRequestFieldReachesTheWorkerAndSeqAndPositionComeBa
     ASSERT_EQ(got.positions.size(), 1u);
     EXPECT_EQ(got.positions[0].split_id, 41);
     EXPECT_EQ(got.positions[0].index, 7);
+    EXPECT_EQ(got.positions[0].key, std::optional<uint64_t>(0xfedcba9876543210ull));
   }
 }
 
 // A transport that batches answers with up to max_elements elements in one
 // reply; one that does not asks for one. Either way a reply carries its
-// elements in order, with their positions and the first one's seq.
-TEST_P(ConformanceTest, ARepliesElementsComeInOrderWithTheirPositions) {
+// elements in order, with their positions and keys and the first one's seq.
+TEST_P(ConformanceTest, ARepliesElementsComeInOrderWithTheirPositionsAndKeys) {
   ElementRequest r;
   r.task_id = kBatch;
   r.max_elements = 4;
@@ -245,6 +249,8 @@ TEST_P(ConformanceTest, ARepliesElementsComeInOrderWithTheirPositions) {
     EXPECT_EQ(got.elements[i][0].at<int64_t>(0), static_cast<int64_t>(i));
     EXPECT_EQ(got.positions[i].split_id, static_cast<int64_t>(i));
     EXPECT_EQ(got.positions[i].index, static_cast<int64_t>(10 * i));
+    EXPECT_EQ(got.positions[i].key,
+              i % 2 == 1 ? std::optional<uint64_t>(1000 + i) : std::nullopt);
   }
   EXPECT_EQ(got.seq, 20);
 }

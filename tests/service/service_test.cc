@@ -1058,6 +1058,70 @@ TEST_P(ServiceTest, WebDatasetShardsSplitAndAugmentTheSameWhateverTheNumberOfWor
   EXPECT_EQ(by_key(three), want);
 }
 
+// Element keys survive the ops that derive them (Unbatch, Interleave with a
+// reader inside) and cross the wire: a seeded random op placed after each,
+// on the workers or after Distribute on the client, draws the same for one
+// worker and for three as locally.
+TEST_P(ServiceTest, SeededAugmentationAfterUnbatchInterleaveAndDistributeIgnoresWorkerCount) {
+  sluice_test::TempDir dir;
+  std::vector<std::string> jpegs, shards;
+  for (int i = 0; i < 12; ++i) {
+    jpegs.push_back(sluice_test::TjEncode(sluice_test::SyntheticRgb(20, 24, 100 + i), 20, 24));
+  }
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::pair<std::string, std::string>> members;
+    for (int i = 0; i < 4; ++i) members.emplace_back(absl::StrCat(s, "_", i, ".jpg"), jpegs[s * 4 + i]);
+    shards.push_back(dir.File(absl::StrCat("shard-", s, ".tar")));
+    ASSERT_OK(WriteWebDatasetShard(shards.back(), members));
+  }
+  auto crop = [](const expr::Expr& e) { return image::RandomResizedCrop(image::Decode(e), 6, 6); };
+  std::vector<Element> vectors;  // four elements of three JPEGs each
+  for (int v = 0; v < 4; ++v) {
+    vectors.push_back({Tensor::Strings({jpegs[v * 3], jpegs[v * 3 + 1], jpegs[v * 3 + 2]})});
+  }
+  std::vector<Element> names;
+  for (const std::string& f : shards) names.push_back({Tensor::String(f)});
+  const Dataset unbatched = Dataset::FromTensors(vectors).Unbatch().WithSeed(7).Map(crop(x));
+  const Dataset interleaved =
+      Dataset::FromTensors(names)
+          .Interleave([](const Dataset& f) { return Dataset::WebDataset(f, {"jpg"}); }, 2)
+          .WithSeed(7)
+          .Map(crop(x));
+  const Dataset samples = Dataset::WebDataset(dir.File("shard-*.tar"), {"jpg"}).WithSeed(7);
+  // Each element's bytes, sorted: the same draws whatever the order.
+  auto outputs = [](const std::vector<Element>& elements) {
+    std::vector<std::string> out;
+    for (const Element& e : elements) {
+      out.emplace_back(reinterpret_cast<const char*>(e[0].data()), e[0].byte_size());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  ASSERT_OK_AND_ASSIGN(auto local_unbatched, sluice_test::Collect(unbatched));
+  ASSERT_OK_AND_ASSIGN(auto local_interleaved, sluice_test::Collect(interleaved));
+  ASSERT_OK_AND_ASSIGN(auto local_samples, sluice_test::Collect(samples.Map(crop(x))));
+  ASSERT_EQ(local_unbatched.size(), 12u);
+  ASSERT_EQ(local_interleaved.size(), 12u);
+  ASSERT_EQ(local_samples.size(), 12u);
+  StartService(1);
+  DistributeOptions o = Options();
+  o.processing_mode = "distributed_epoch";
+  for (int workers : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat(workers, " worker(s)"));
+    if (workers == 3) StartWorkers(2);
+    ASSERT_OK_AND_ASSIGN(auto u, WithHangGuard([&] { return Collect(unbatched.Apply(Distribute(o))); }));
+    EXPECT_EQ(outputs(u), outputs(local_unbatched));
+    ASSERT_OK_AND_ASSIGN(auto i,
+                         WithHangGuard([&] { return Collect(interleaved.Apply(Distribute(o))); }));
+    EXPECT_EQ(outputs(i), outputs(local_interleaved));
+    // The random op runs on the client, after Distribute.
+    ASSERT_OK_AND_ASSIGN(auto c, WithHangGuard([&] {
+                           return Collect(samples.Apply(Distribute(o)).Map(crop(x)));
+                         }));
+    EXPECT_EQ(outputs(c), outputs(local_samples));
+  }
+}
+
 TEST_P(ServiceTest, DistributedEpochWorkerAddedMidEpochTakesSplits) {
   StartService(1, SmallSplits(5));
   DistributeOptions o = Options();
