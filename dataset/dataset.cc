@@ -188,9 +188,10 @@ Dataset Dataset::FromTensors(std::vector<Element> elements) {
   return Finish(std::move(n), {});
 }
 
-Dataset Dataset::ListFiles(std::string pattern) {
+Dataset Dataset::ListFiles(std::string pattern, bool recursive) {
   proto::DatasetNode n;
   n.mutable_list_files()->set_pattern(std::move(pattern));
+  n.mutable_list_files()->set_recursive(recursive);
   return Finish(std::move(n), {});
 }
 

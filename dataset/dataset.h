@@ -81,8 +81,10 @@ class Dataset {
   // dtypes; shapes may differ (the spec records unknown dims).
   static Dataset FromTensors(std::vector<Element> elements);
   // Files matching a glob pattern, sorted, as string scalars. A pattern
-  // matching nothing is NotFound when iterated.
-  static Dataset ListFiles(std::string pattern);
+  // matching nothing is NotFound when iterated. `recursive`: a matching
+  // directory stands for the files under it at any depth (directory
+  // symlinks are not followed).
+  static Dataset ListFiles(std::string pattern, bool recursive = false);
   // TFRecord files (length, masked CRC32C of length, data, masked CRC32C of
   // data); each record is a string scalar. CRC mismatch -> DataLoss.
   static Dataset ReadRecords(std::vector<std::string> files);

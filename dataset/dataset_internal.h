@@ -144,9 +144,12 @@ struct SplitPositions {
 // or cannot be read.
 absl::StatusOr<SplitPositions> SplitSourcePositions(const proto::DatasetNode& source);
 
-// The files matching a glob pattern, sorted (what ListFiles yields):
-// NotFound when none match, Unavailable when the pattern cannot be read.
-absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern);
+// The files matching a glob pattern, sorted (what ListFiles yields); with
+// `recursive`, a matching directory stands for the files under it at any
+// depth: NotFound when none match, Unavailable when the pattern or a
+// directory cannot be read.
+absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern,
+                                                   bool recursive = false);
 
 // Static sharding (tf.data's FILE, DATA, FILE_OR_DATA and HINT policies):
 // worker `index` of `num_shards` reads one shard of the pipeline.

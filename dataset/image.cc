@@ -282,12 +282,29 @@ absl::StatusOr<ComponentSpec> FlipInfer(const proto::Expr::Call& c,
   if (!(c.floats(0) >= 0 && c.floats(0) <= 1)) {
     return Invalid(absl::StrCat("p must be in [0, 1]; got ", c.floats(0)));
   }
-  SLUICE_RETURN_IF_ERROR(CheckImage(args[0], false).status());
+  const ComponentSpec& s = args[0];
+  const bool batch = s.shape && s.shape->size() == 4;
+  if (batch && s.dtype && *s.dtype != DType::kUInt8) {
+    return Invalid(absl::StrCat("needs uint8 images [H, W, C] or a batch [B, H, W, C]; got ",
+                                s.ToString()));
+  }
+  if (!batch) SLUICE_RETURN_IF_ERROR(CheckImage(args[0], false).status());
   return ComponentSpec{DType::kUInt8, args[0].shape};
 }
 
+// A batch [B, H, W, C] (after Batch, or after Distribute of uint8
+// batches): image b draws from Mix(seed, b), so the same batch (whose key
+// comes from its images') flips the same images.
 absl::StatusOr<Tensor> FlipRun(const proto::Expr::Call& c, const std::vector<Tensor>& args,
                                const CallContext& ctx) {
+  if (args[0].dtype() == DType::kUInt8 && args[0].shape().rank() == 4) {
+    std::vector<bool> flip(static_cast<size_t>(args[0].shape().dim(0)));
+    for (size_t b = 0; b < flip.size(); ++b) {
+      k::Rng rng(internal::Mix(ctx.seed, b));
+      flip[b] = rng.Uniform(0, 1) < c.floats(0);
+    }
+    return k::FlipHorizontalBatch(args[0], flip);
+  }
   SLUICE_RETURN_IF_ERROR(CheckImageTensor(args[0]));
   k::Rng rng(ctx.seed);
   if (rng.Uniform(0, 1) < c.floats(0)) return k::FlipHorizontal(args[0]);
@@ -330,12 +347,17 @@ absl::StatusOr<Tensor> NormalizeRun(const proto::Expr::Call& c, const std::vecto
   return k::Normalize(args[0], mean, stddev);
 }
 
-// ---- image.folder_label: ints {number of classes}, strings {classes..., extensions...} ----
+// ---- image.folder_label: ints {number of classes[, 1: by root]},
+// strings {classes..., extensions...[, root]} ----
 
 absl::StatusOr<ComponentSpec> FolderLabelInfer(const proto::Expr::Call& c,
                                                const std::vector<ComponentSpec>& args) {
-  SLUICE_RETURN_IF_ERROR(CheckAttrs(c, 1, 0));
-  if (c.ints(0) < 0 || c.ints(0) > c.strings_size()) {
+  if (c.ints_size() == 2) {
+    if (c.ints(1) != 1 || c.floats_size() != 0) return Invalid("malformed root attribute");
+  } else {
+    SLUICE_RETURN_IF_ERROR(CheckAttrs(c, 1, 0));
+  }
+  if (c.ints(0) < 0 || c.ints(0) + (c.ints_size() == 2 ? 1 : 0) > c.strings_size()) {
     return Invalid(absl::StrCat("names ", c.ints(0), " classes but has ", c.strings_size(),
                                 " strings"));
   }
@@ -349,15 +371,28 @@ absl::StatusOr<Tensor> FolderLabelRun(const proto::Expr::Call& c, const std::vec
   const size_t slash = path.rfind('/');
   const std::string_view file = slash == std::string_view::npos ? path : path.substr(slash + 1);
   const std::string_view dir = slash == std::string_view::npos ? "" : path.substr(0, slash);
-  const std::string_view parent = dir.substr(dir.rfind('/') == std::string_view::npos
-                                                 ? 0
-                                                 : dir.rfind('/') + 1);
+  // The class: the parent directory's name or, by root, the first
+  // directory below the root (images deeper in a class directory count).
+  std::string_view parent = dir.substr(dir.rfind('/') == std::string_view::npos
+                                           ? 0
+                                           : dir.rfind('/') + 1);
+  const bool by_root = c.ints_size() == 2;
+  int strings_end = c.strings_size();
+  if (by_root) {
+    const std::string& root = c.strings(--strings_end);
+    if (dir.size() <= root.size() || dir.compare(0, root.size(), root) != 0 ||
+        dir[root.size()] != '/') {
+      return Tensor::Scalar<int64_t>(-1);  // not under the root
+    }
+    const std::string_view below = dir.substr(root.size() + 1);
+    parent = below.substr(0, below.find('/'));
+  }
   const int num_classes = static_cast<int>(c.ints(0));
   const size_t dot = file.rfind('.');
   const std::string ext =
       dot == std::string_view::npos ? "" : absl::AsciiStrToLower(std::string(file.substr(dot)));
   bool ext_ok = false;
-  for (int i = num_classes; i < c.strings_size() && !ext_ok; ++i) ext_ok = ext == c.strings(i);
+  for (int i = num_classes; i < strings_end && !ext_ok; ++i) ext_ok = ext == c.strings(i);
   int64_t label = -1;
   for (int i = 0; ext_ok && i < num_classes; ++i) {
     if (c.strings(i) == parent) {
@@ -448,19 +483,27 @@ absl::StatusOr<std::vector<std::string>> FolderClasses(const std::string& root) 
 }
 
 expr::Expr FolderLabel(const expr::Expr& path, const std::vector<std::string>& classes,
-                       const std::vector<std::string>& extensions) {
+                       const std::vector<std::string>& extensions, const std::string& root) {
   std::vector<std::string> strings = classes;
   for (const auto& e : extensions) strings.push_back(absl::AsciiStrToLower(e));
-  return MakeCall("image.folder_label", {&path}, {static_cast<int64_t>(classes.size())}, {},
-                  std::move(strings));
+  std::vector<int64_t> ints = {static_cast<int64_t>(classes.size())};
+  if (!root.empty()) {
+    strings.push_back(root);
+    ints.push_back(1);
+  }
+  return MakeCall("image.folder_label", {&path}, std::move(ints), {}, std::move(strings));
 }
 
 Dataset ImageFolder(const std::string& root, const std::vector<std::string>& extensions) {
   auto classes = FolderClasses(root);
   if (!classes.ok()) return internal::MakeErrorDataset(classes.status());
   using expr::x;
-  return Dataset::ListFiles(absl::StrCat(root, "/*/*"))
-      .Map({x, FolderLabel(x, *classes, extensions)})
+  // Every file under the class directories, at any depth, labeled by the
+  // class directory it is under (torchvision walks them the same way).
+  std::string base = root;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return Dataset::ListFiles(absl::StrCat(base, "/*"), /*recursive=*/true)
+      .Map({x, FolderLabel(x, *classes, extensions, base)})
       .Filter(x[1] >= 0);
 }
 

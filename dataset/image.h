@@ -70,7 +70,8 @@ expr::Expr Resize(const expr::Expr& img, int64_t shorter_side);
 // when the image is smaller).
 expr::Expr CenterCrop(const expr::Expr& img, int64_t height, int64_t width);
 
-// Mirrors left to right with probability p.
+// Mirrors left to right with probability p. Also a batch uint8
+// [B, H, W, C]: each image with probability p (each draws its own).
 expr::Expr RandomHorizontalFlip(const expr::Expr& img, double p = 0.5);
 
 // uint8 [H, W, 3] -> float32 [3, H, W]: (x / 255 - mean) / stddev per channel.
@@ -93,15 +94,19 @@ inline const std::vector<std::string>& DefaultImageExtensions() {
 absl::StatusOr<std::vector<std::string>> FolderClasses(const std::string& root);
 
 // The label of `path` (a string scalar): the index in `classes` of its
-// parent directory's name, as an int64 scalar; -1 when the parent is not a
-// class or the extension (case-insensitive) is not one of `extensions`.
+// parent directory's name or, given `root`, of the first directory below
+// `root` on its path, as an int64 scalar; -1 when that directory is not a
+// class, the path is not under `root`, or the extension (case-insensitive)
+// is not one of `extensions`.
 expr::Expr FolderLabel(const expr::Expr& path, const std::vector<std::string>& classes,
-                       const std::vector<std::string>& extensions = DefaultImageExtensions());
+                       const std::vector<std::string>& extensions = DefaultImageExtensions(),
+                       const std::string& root = "");
 
-// (path, label) for every image file root/<class>/<file>, sorted by path,
-// as torchvision's ImageFolder: ListFiles(root/*/*) labeled by FolderLabel,
-// files with other extensions filtered out. The classes are listed now;
-// the error of a root without subdirectories is the dataset's status().
+// (path, label) for every image file under root/<class>/, at any depth,
+// sorted by path, as torchvision's ImageFolder: ListFiles(root/*,
+// recursive) labeled by FolderLabel by root, files with other extensions
+// filtered out. The classes are listed now; the error of a root without
+// subdirectories is the dataset's status().
 Dataset ImageFolder(const std::string& root,
                     const std::vector<std::string>& extensions = DefaultImageExtensions());
 

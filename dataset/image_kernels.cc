@@ -797,13 +797,14 @@ absl::StatusOr<Tensor> Resize(const Tensor& img, int64_t height, int64_t width) 
   return out;
 }
 
-absl::StatusOr<Tensor> FlipHorizontal(const Tensor& img) {
-  SLUICE_ASSIGN_OR_RETURN(const Hwc s, CheckImage(img, "flip_horizontal"));
-  SLUICE_ASSIGN_OR_RETURN(Tensor out, AllocateImage(s.h, s.w, s.c));
+namespace {
+
+// Mirrors an h x w x c image from `img` into `out` (not overlapping).
+void FlipRows(const uint8_t* img, uint8_t* out, const Hwc& s) {
   const int64_t row_bytes = s.w * s.c;
   for (int64_t y = 0; y < s.h; ++y) {
-    const uint8_t* __restrict src = img.data() + y * row_bytes;
-    uint8_t* __restrict dst = out.mutable_data() + y * row_bytes;
+    const uint8_t* __restrict src = img + y * row_bytes;
+    uint8_t* __restrict dst = out + y * row_bytes;
     if (s.c == 3) {
       for (int64_t x = 0; x < s.w; ++x) {
         const uint8_t* p = src + (s.w - 1 - x) * 3;
@@ -815,6 +816,37 @@ absl::StatusOr<Tensor> FlipHorizontal(const Tensor& img) {
       for (int64_t x = 0; x < s.w; ++x) {
         std::memcpy(dst + x * s.c, src + (s.w - 1 - x) * s.c, s.c);
       }
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> FlipHorizontal(const Tensor& img) {
+  SLUICE_ASSIGN_OR_RETURN(const Hwc s, CheckImage(img, "flip_horizontal"));
+  SLUICE_ASSIGN_OR_RETURN(Tensor out, AllocateImage(s.h, s.w, s.c));
+  FlipRows(img.data(), out.mutable_data(), s);
+  return out;
+}
+
+absl::StatusOr<Tensor> FlipHorizontalBatch(const Tensor& batch, const std::vector<bool>& flip) {
+  const auto& d = batch.shape().dims();
+  if (batch.dtype() != DType::kUInt8 || d.size() != 4 || static_cast<size_t>(d[0]) != flip.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flip_horizontal: needs a uint8 [B, H, W, C] batch; got ",
+                     batch.DebugString(0)));
+  }
+  SLUICE_ASSIGN_OR_RETURN(Tensor out, Tensor::Allocate(DType::kUInt8, batch.shape(),
+                                                       /*zeroed=*/false));
+  const Hwc s{d[1], d[2], d[3]};
+  const size_t image_bytes = static_cast<size_t>(d[1] * d[2] * d[3]);
+  for (size_t b = 0; b < flip.size(); ++b) {
+    const uint8_t* src = batch.data() + b * image_bytes;
+    uint8_t* dst = out.mutable_data() + b * image_bytes;
+    if (flip[b]) {
+      FlipRows(src, dst, s);
+    } else {
+      std::memcpy(dst, src, image_bytes);
     }
   }
   return out;

@@ -69,6 +69,8 @@ absl::StatusOr<Tensor> Resize(const Tensor& img, int64_t height, int64_t width);
 
 // Mirrors uint8 [H, W, C] left to right.
 absl::StatusOr<Tensor> FlipHorizontal(const Tensor& img);
+// A batch uint8 [B, H, W, C]: image b mirrored when flip[b], else copied.
+absl::StatusOr<Tensor> FlipHorizontalBatch(const Tensor& batch, const std::vector<bool>& flip);
 
 // uint8 [H, W, 3] -> float32 [3, H, W], (x / 255 - mean[c]) / stddev[c].
 // stddev must be nonzero.

@@ -762,10 +762,12 @@ the dataset definition and runs on workers without Python.)doc");
   img.def("folder_classes", [](const std::string& root) { return Check(image::FolderClasses(root)); },
           py::arg("root"));
   img.def("folder_label",
-          [](py::object path, std::vector<std::string> classes, py::object extensions) {
-            return Wrap(image::FolderLabel(ToExpr(path), classes, Extensions(extensions)));
+          [](py::object path, std::vector<std::string> classes, py::object extensions,
+             std::string root) {
+            return Wrap(image::FolderLabel(ToExpr(path), classes, Extensions(extensions), root));
           },
-          py::arg("path"), py::arg("classes"), py::arg("extensions") = py::none());
+          py::arg("path"), py::arg("classes"), py::arg("extensions") = py::none(),
+          py::arg("root") = "");
   img.def("image_folder",
           [](const std::string& root, py::object extensions) {
             return Checked(image::ImageFolder(root, Extensions(extensions)));
@@ -845,8 +847,11 @@ library's message) when the step is invalid. Iterating starts a new pass.)doc");
     return Checked(Dataset::FromTensors(std::move(v)));
   }, py::arg("elements"),
      "The given elements (each an array-like, or a tuple of them), copied in.");
-  d.def_static("list_files", [](std::string p) { return Checked(Dataset::ListFiles(std::move(p))); },
-               py::arg("pattern"));
+  d.def_static("list_files", [](std::string p, bool recursive) {
+    return Checked(Dataset::ListFiles(std::move(p), recursive));
+  }, py::arg("pattern"), py::arg("recursive") = false,
+     "Files matching a glob pattern, sorted; recursive: a matching directory stands for the "
+     "files under it at any depth.");
   d.def_static("read_records", [](py::object files) {
     if (py::isinstance<Dataset>(files)) return Checked(Dataset::ReadRecords(files.cast<Dataset>()));
     return Checked(Dataset::ReadRecords(files.cast<std::vector<std::string>>()));

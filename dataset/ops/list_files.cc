@@ -1,23 +1,57 @@
-// ListFiles(pattern): the matching files, sorted, as string scalars; a
-// split source (runs of files per split) and what FILE sharding shards.
+// ListFiles(pattern, recursive): the matching files, sorted, as string
+// scalars; a split source (runs of files per split) and what FILE sharding
+// shards.
 #include <glob.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "sluice/dataset/ops/op.h"
 
 namespace sluice::internal {
 
-absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern) {
+namespace {
+
+// The regular files (or links to them) under `dir`, at any depth.
+absl::Status WalkFiles(const std::string& dir, std::vector<std::string>* files) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->is_regular_file(type_ec)) files->push_back(it->path().string());
+  }
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("ListFiles: cannot walk '", dir, "': ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> GlobFiles(const std::string& pattern, bool recursive) {
   glob_t g;
   std::memset(&g, 0, sizeof(g));
   int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
   std::vector<std::string> files;
+  absl::Status walked;
   if (rc == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) files.push_back(g.gl_pathv[i]);
+    for (size_t i = 0; i < g.gl_pathc && walked.ok(); ++i) {
+      std::error_code ec;
+      if (recursive && std::filesystem::is_directory(g.gl_pathv[i], ec)) {
+        walked = WalkFiles(g.gl_pathv[i], &files);
+      } else {
+        files.push_back(g.gl_pathv[i]);
+      }
+    }
   }
   globfree(&g);
+  SLUICE_RETURN_IF_ERROR(walked);
+  if (recursive) std::sort(files.begin(), files.end());
   if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
     return absl::NotFoundError(absl::StrCat("ListFiles: no files match '", pattern, "'"));
   }
@@ -41,7 +75,8 @@ class ListFilesIterator : public NodeIterator {
   Result Next() override {
     if (!listed_) {
       listed_ = true;
-      SLUICE_ASSIGN_OR_RETURN(files_, GlobFiles(node().list_files().pattern()));
+      SLUICE_ASSIGN_OR_RETURN(files_, GlobFiles(node().list_files().pattern(),
+                                                node().list_files().recursive()));
     }
     if (i_ >= files_.size()) return End();
     key_ = SourceKey(0, static_cast<int64_t>(i_));
@@ -72,7 +107,8 @@ class ListFilesIterator : public NodeIterator {
 // carries their names.
 absl::StatusOr<SplitPositions> Positions(const proto::DatasetNode& node) {
   SplitPositions p;
-  SLUICE_ASSIGN_OR_RETURN(p.files, GlobFiles(node.list_files().pattern()));
+  SLUICE_ASSIGN_OR_RETURN(p.files,
+                          GlobFiles(node.list_files().pattern(), node.list_files().recursive()));
   p.positions = static_cast<int64_t>(p.files.size());
   return p;
 }

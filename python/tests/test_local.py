@@ -250,3 +250,15 @@ def test_webdataset_incomplete_samples_and_bad_shards(tmp_path):
         list(sluice.Dataset.webdataset(str(cut), ["jpg"]))
     with pytest.raises(FileNotFoundError):
         list(sluice.Dataset.webdataset([tmp_path / "missing.tar"], ["jpg"]))
+
+
+def test_list_files_recursive_and_image_folder_at_any_depth(tmp_path):
+    (tmp_path / "cat" / "tabby").mkdir(parents=True)
+    (tmp_path / "dog").mkdir()
+    for f in ["cat/1.jpg", "cat/tabby/2.jpg", "dog/3.png", "top.jpg"]:
+        (tmp_path / f).write_bytes(b"x")
+    got = [bytes(e).decode() for e in sluice.Dataset.list_files(str(tmp_path / "*"), recursive=True)]
+    assert got == [str(tmp_path / f) for f in ["cat/1.jpg", "cat/tabby/2.jpg", "dog/3.png", "top.jpg"]]
+    folder = [(bytes(p).decode(), int(l)) for p, l in sluice.image.image_folder(str(tmp_path))]
+    assert folder == [(str(tmp_path / "cat/1.jpg"), 0), (str(tmp_path / "cat/tabby/2.jpg"), 0),
+                      (str(tmp_path / "dog/3.png"), 1)]

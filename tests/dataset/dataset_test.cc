@@ -113,6 +113,26 @@ TEST(DatasetTest, ListFilesIsSortedAndMissingPatternIsNotFound) {
                 "empty pattern");
 }
 
+// recursive: a matching directory stands for every file under it, sorted
+// with the other matches by path.
+TEST(DatasetTest, ListFilesRecursiveWalksMatchingDirectories) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.File("a/deep/er"));
+  std::filesystem::create_directories(dir.File("b"));
+  for (const char* n : {"a/1", "a/deep/2", "a/deep/er/3", "b/4", "top"}) WriteBytes(dir.File(n), "");
+  ASSERT_OK_AND_ASSIGN(auto out, Collect(Dataset::ListFiles(dir.File("*"), /*recursive=*/true)));
+  EXPECT_THAT(Strings(out), ElementsAre(dir.File("a/1"), dir.File("a/deep/2"),
+                                        dir.File("a/deep/er/3"), dir.File("b/4"), dir.File("top")));
+  // Without it, directories are matches like files.
+  ASSERT_OK_AND_ASSIGN(out, Collect(Dataset::ListFiles(dir.File("*"))));
+  EXPECT_THAT(Strings(out), ElementsAre(dir.File("a"), dir.File("b"), dir.File("top")));
+  // The split source lists the same (distributed_epoch).
+  ASSERT_OK_AND_ASSIGN(internal::SplitPositions p,
+                       internal::SplitSourcePositions(
+                           Dataset::ListFiles(dir.File("a"), true).def().root()));
+  EXPECT_THAT(p.files, ElementsAre(dir.File("a/1"), dir.File("a/deep/2"), dir.File("a/deep/er/3")));
+}
+
 // ---- TFRecord ----------------------------------------------------------------
 
 TEST(TFRecordTest, ByteLayoutMatchesTheTFRecordFormat) {

@@ -10,6 +10,7 @@
 
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/image.h"
+#include "sluice/dataset/image_kernels_internal.h"
 #include "tests/dataset/dataset_test_util.h"
 #include "tests/dataset/image_test_util.h"
 
@@ -243,11 +244,16 @@ TEST(ImageTest, EpochsUnderRepeatDrawAnew) {
   for (size_t i = 0; i < out.size(); ++i) EXPECT_TRUE(ElementsEqual(out[i], again[i]));
 }
 
-TEST(ImageTest, ImageFolderLabelsByParentDirectory) {
+// As torchvision's: every image under a class directory, at any depth, is
+// labeled by that class directory.
+TEST(ImageTest, ImageFolderLabelsByClassDirectoryAtAnyDepth) {
   TempDir dir;
-  for (const char* d : {"dog", "cat", "empty"}) std::filesystem::create_directory(dir.File(d));
+  for (const char* d : {"dog", "cat", "empty", "cat/tabby/young"}) {
+    std::filesystem::create_directories(dir.File(d));
+  }
   const std::string jpeg = TjEncode(SyntheticRgb(8, 8, 1), 8, 8);
-  for (const char* f : {"cat/1.jpg", "cat/2.JPEG", "dog/a.png", "dog/notes.txt", "top.jpg"}) {
+  for (const char* f : {"cat/1.jpg", "cat/2.JPEG", "cat/tabby/3.jpg", "cat/tabby/young/4.jpg",
+                        "dog/a.png", "dog/notes.txt", "top.jpg"}) {
     sluice_test::WriteBytes(dir.File(f), jpeg);
   }
   ASSERT_OK_AND_ASSIGN(auto classes, image::FolderClasses(dir.path()));
@@ -258,14 +264,57 @@ TEST(ImageTest, ImageFolderLabelsByParentDirectory) {
   ASSERT_OK_AND_ASSIGN(auto out, Collect(ds));
   std::vector<std::pair<std::string, int64_t>> got;
   for (const auto& e : out) got.emplace_back(std::string(e[0].str(0)), e[1].at<int64_t>(0));
-  EXPECT_EQ(got, (std::vector<std::pair<std::string, int64_t>>{{dir.File("cat/1.jpg"), 0},
-                                                              {dir.File("cat/2.JPEG"), 0},
-                                                              {dir.File("dog/a.png"), 1}}));
+  EXPECT_EQ(got,
+            (std::vector<std::pair<std::string, int64_t>>{{dir.File("cat/1.jpg"), 0},
+                                                         {dir.File("cat/2.JPEG"), 0},
+                                                         {dir.File("cat/tabby/3.jpg"), 0},
+                                                         {dir.File("cat/tabby/young/4.jpg"), 0},
+                                                         {dir.File("dog/a.png"), 1}}));
+  // A root given with a trailing slash lists the same.
+  ASSERT_OK_AND_ASSIGN(auto slash, Collect(image::ImageFolder(dir.path() + "/")));
+  EXPECT_EQ(slash.size(), out.size());
   TempDir flat;
   EXPECT_STATUS(image::ImageFolder(flat.path()).status(), absl::StatusCode::kNotFound,
                 "no class subdirectories");
   EXPECT_STATUS(image::ImageFolder(dir.File("missing")).status(), absl::StatusCode::kNotFound,
                 "missing");
+}
+
+// A batch [B, H, W, 3] (after Batch, or uint8 after Distribute): each image
+// flips on its own draw; p = 0 and p = 1 leave all and flip all.
+TEST(ImageTest, RandomHorizontalFlipOfABatchFlipsEachImageOnItsOwnDraw) {
+  const std::vector<Element> images = SmallImages(16);
+  auto flipped = [](const Tensor& t) { return *internal::image::FlipHorizontal(t); };
+  for (double p : {0.0, 0.5, 1.0}) {
+    SCOPED_TRACE(p);
+    Dataset ds = Dataset::FromTensors(images).Batch(16).WithSeed(4).Map(
+        image::RandomHorizontalFlip(x, p));
+    ASSERT_OK(ds.status());
+    EXPECT_EQ(ds.element_spec().ToString(), "(uint8[?,4,6,3])");
+    ASSERT_OK_AND_ASSIGN(auto out, Collect(ds));
+    ASSERT_EQ(out.size(), 1u);
+    const Tensor& batch = out[0][0];
+    int same = 0, mirrored = 0;
+    for (int64_t b = 0; b < 16; ++b) {
+      const size_t bytes = 4 * 6 * 3;
+      const std::string got(reinterpret_cast<const char*>(batch.data()) + b * bytes, bytes);
+      const Tensor& in = images[static_cast<size_t>(b)][0];
+      const Tensor mirror = flipped(in);
+      if (got == std::string(reinterpret_cast<const char*>(in.data()), bytes)) ++same;
+      if (got == std::string(reinterpret_cast<const char*>(mirror.data()), bytes)) ++mirrored;
+    }
+    EXPECT_EQ(same + mirrored, 16);  // none of the synthetic images is symmetric
+    if (p == 0.0) {
+      EXPECT_EQ(same, 16);
+    } else if (p == 1.0) {
+      EXPECT_EQ(mirrored, 16);
+    } else {
+      EXPECT_TRUE(same > 0 && mirrored > 0) << same << " kept, " << mirrored;
+    }
+  }
+  EXPECT_STATUS(Dataset::FromTensors({{Tensor::Scalar<float>(1)}}).Batch(1).Batch(1).Batch(1)
+                    .Batch(1).Map(image::RandomHorizontalFlip(x)).status(),
+                absl::StatusCode::kInvalidArgument, "uint8");
 }
 
 TEST(ImageTest, TheSeedTravelsWithTheDefinition) {
