@@ -327,6 +327,7 @@ absl::StatusOr<DispatcherImpl::PollFn> DispatcherImpl::WorkerHeartbeatPoll(
     }
     liveness_.HeardWorker(addr, clock_());
     resp->set_worker_timeout_ms(config_.worker_timeout_ms);
+    resp->set_workers_on_host(state_.WorkersOnHost(req.host_id()));
     return absl::OkStatus();
   });
 }

@@ -106,7 +106,9 @@ absl::Status DispatcherState::RegisterWorker(const proto::RegisterWorkerUpdate& 
     // Registered again (it restarted): new addresses, same index.
     known->second.transfer_address = u.transfer_address();
     known->second.protocol = u.transfer_protocol();
+    CountOnHost(known->second.host_id, -1);
     known->second.host_id = u.host_id();
+    CountOnHost(known->second.host_id, +1);
     return absl::OkStatus();
   }
   Worker w;
@@ -115,6 +117,7 @@ absl::Status DispatcherState::RegisterWorker(const proto::RegisterWorkerUpdate& 
   w.protocol = u.transfer_protocol();
   w.index = u.index();
   w.host_id = u.host_id();
+  CountOnHost(w.host_id, +1);
   workers_.emplace(w.address, std::move(w));
   if (shard_claims_.size() == 0) {
     next_worker_index_ = std::max(next_worker_index_, u.index() + 1);
@@ -277,6 +280,18 @@ absl::Status DispatcherState::DropJob(const proto::DropJobUpdate& u, Changes& c)
   return absl::OkStatus();
 }
 
+void DispatcherState::CountOnHost(const std::string& host_id, int64_t delta) {
+  if (host_id.empty()) return;
+  auto it = workers_per_host_.try_emplace(host_id, 0).first;
+  it->second += delta;
+  if (it->second <= 0) workers_per_host_.erase(it);
+}
+
+int64_t DispatcherState::WorkersOnHost(const std::string& host_id) const {
+  auto it = workers_per_host_.find(host_id);
+  return it == workers_per_host_.end() ? 0 : it->second;
+}
+
 absl::Status DispatcherState::RemoveWorker(const proto::RemoveWorkerUpdate& u, Changes& c) {
   auto wit = workers_.find(u.address());
   if (wit == workers_.end()) return absl::OkStatus();
@@ -285,6 +300,7 @@ absl::Status DispatcherState::RemoveWorker(const proto::RemoveWorkerUpdate& u, C
     if (t != tasks_.end()) Finish(t->second, /*lost=*/true, c);
   }
   c.workers.insert(wit->first);
+  CountOnHost(wit->second.host_id, -1);
   workers_.erase(wit);
   ++counts_.lost_workers;
   return absl::OkStatus();

@@ -152,6 +152,9 @@ class DispatcherState {
   const std::map<int64_t, Iteration>& iterations() const { return iterations_; }
   const std::map<int64_t, Task>& tasks() const { return tasks_; }
   const std::map<std::string, Worker>& workers() const { return workers_; }
+  // How many registered workers run on `host_id` (0 for an empty one):
+  // workers sharing a host divide its cpus (WorkerHeartbeatResponse).
+  int64_t WorkersOnHost(const std::string& host_id) const;
   const std::map<int64_t, Client>& clients() const { return clients_; }
   const ShardClaims& shard_claims() const { return shard_claims_; }
   // Ids are never reused: every id an applied update named is below this.
@@ -197,6 +200,7 @@ class DispatcherState {
   // under static sharding).
   void UpdateFinished(Iteration& it, Changes& c);
 
+  void CountOnHost(const std::string& host_id, int64_t delta);
   ShardClaims shard_claims_;
   std::map<std::string, Dataset> datasets_;
   std::map<int64_t, Job> jobs_;
@@ -204,6 +208,7 @@ class DispatcherState {
   std::map<int64_t, Iteration> iterations_;
   std::map<int64_t, Task> tasks_;
   std::map<std::string, Worker> workers_;
+  std::map<std::string, int64_t> workers_per_host_;  // see WorkersOnHost
   std::map<int64_t, Client> clients_;
   int64_t next_id_ = 1;
   int64_t next_worker_index_ = 0;

@@ -3,9 +3,14 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <deque>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -143,13 +148,84 @@ void ConfigureThreadPool(int threads, std::function<void()> thread_init) {
 
 int ThreadPoolSize() { return internal::ThreadPool::Get().Size(); }
 
+namespace {
+
+// The first line of `path`, empty when it cannot be read.
+std::string FirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// A quota file's cpus: v2 "max 100000" or "150000 100000"; v1 quota and
+// period in two files ("-1": none).
+std::optional<double> V2Quota(const std::string& dir) {
+  std::istringstream in(FirstLine(dir + "/cpu.max"));
+  std::string quota;
+  double period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return std::nullopt;
+  const double q = std::atof(quota.c_str());
+  if (q <= 0) return std::nullopt;
+  return q / period;
+}
+std::optional<double> V1Quota(const std::string& dir) {
+  const double quota = std::atof(FirstLine(dir + "/cpu.cfs_quota_us").c_str());
+  const double period = std::atof(FirstLine(dir + "/cpu.cfs_period_us").c_str());
+  if (quota <= 0 || period <= 0) return std::nullopt;
+  return quota / period;
+}
+
+void Tighten(std::optional<double>* acc, std::optional<double> q) {
+  if (q && (!*acc || *q < **acc)) *acc = q;
+}
+
+}  // namespace
+
+std::optional<double> CgroupCpuQuota(const std::string& root) {
+  std::ifstream in(root + "/proc/self/cgroup");
+  std::optional<double> tightest;
+  std::string line;
+  while (std::getline(in, line)) {
+    // "hierarchy-id:controllers:path"; v2 is "0::path".
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    std::vector<std::string> mounts;
+    if (controllers.empty()) {
+      mounts = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"};
+    } else if (("," + controllers + ",").find(",cpu,") != std::string::npos) {
+      mounts = {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"};
+    } else {
+      continue;
+    }
+    for (const std::string& m : mounts) {
+      // The cgroup and its parents up to the mount (a container sees its
+      // own cgroup at the mount's root).
+      std::string p = path;
+      while (true) {
+        const std::string dir = root + m + (p == "/" ? "" : p);
+        Tighten(&tightest, controllers.empty() ? V2Quota(dir) : V1Quota(dir));
+        if (p.empty() || p == "/") break;
+        const size_t slash = p.rfind('/');
+        p = slash == 0 || slash == std::string::npos ? "/" : p.substr(0, slash);
+      }
+    }
+  }
+  return tightest;
+}
+
 int AvailableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
-    return std::max(1u, std::thread::hardware_concurrency());
+  int cpus = sched_getaffinity(0, sizeof(set), &set) != 0
+                 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                 : std::max(1, CPU_COUNT(&set));
+  if (const std::optional<double> quota = CgroupCpuQuota()) {
+    cpus = std::min(cpus, std::max(1, static_cast<int>(std::ceil(*quota - 1e-9))));
   }
-  return std::max(1, CPU_COUNT(&set));
+  return cpus;
 }
 
 }  // namespace sluice

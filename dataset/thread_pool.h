@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace sluice {
 
@@ -22,8 +24,15 @@ namespace sluice {
 void ConfigureThreadPool(int threads, std::function<void()> thread_init = {});
 // The pool's thread count (starting it when it was not yet).
 int ThreadPoolSize();
-// The cpus this process may run on (its affinity mask), at least 1.
+// The cpus this process may use: its affinity mask, lowered to a cgroup
+// cpu quota (rounded up) when one is set; at least 1.
 int AvailableCpus();
+// The cpus a cgroup cpu quota allows this process, as a fraction (1.5:
+// 150 ms of cpu time per 100 ms), the tightest of its cgroup and every
+// parent (cgroup v2 cpu.max; v1 cpu.cfs_quota_us / cpu.cfs_period_us, as a
+// container sees them); nullopt when none is set. `root` is prefixed to
+// the paths read (/proc/self/cgroup, /sys/fs/cgroup/...), for tests.
+std::optional<double> CgroupCpuQuota(const std::string& root = "");
 
 }  // namespace sluice
 

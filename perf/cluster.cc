@@ -23,6 +23,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(const ClusterOptions& o)
                                      "--task_buffer_elements",
                                      absl::StrCat(o.task_buffer_elements)};
     if (!o.plugin.empty()) args.insert(args.end(), {"--plugin", o.plugin});
+    if (o.worker_threads > 0) {
+      args.insert(args.end(), {"--worker_threads", absl::StrCat(o.worker_threads)});
+    }
     SLUICE_RETURN_IF_ERROR(w->Start(o.worker_binary, args, o.env));
     c->workers_.push_back(std::move(w));
   }

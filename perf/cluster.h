@@ -22,6 +22,7 @@ struct ClusterOptions {
   std::string plugin;
   std::string protocol = "ucx";  // the workers' --data_transfer_protocol
   int64_t task_buffer_elements = 16;
+  int64_t worker_threads = 0;  // --worker_threads when > 0
   // Added to the workers' environment (UCX_TLS, log level).
   std::vector<std::pair<std::string, std::string>> env;
   std::string scratch_dir;  // worker logs and port files

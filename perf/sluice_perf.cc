@@ -59,6 +59,8 @@ void AddCommonOptions(CLI::App* app, CommonArgs* c) {
   app->add_option("--task_buffer_elements", c->task_buffer_elements,
                   "workers' --task_buffer_elements")
       ->capture_default_str();
+  app->add_option("--worker_threads", c->worker_threads,
+                  "workers' --worker_threads (default: workers on one host divide its cpus)");
   app->add_flag("--keep_logs", c->keep_logs, "keep the scratch directory with the children's logs");
 }
 

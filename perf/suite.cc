@@ -266,6 +266,7 @@ ClusterOptions ClusterFor(const Binaries& bin, const CommonArgs& common, const T
   co.plugin = bin.plugin;
   co.protocol = t.protocol;
   co.task_buffer_elements = common.task_buffer_elements;
+  co.worker_threads = common.worker_threads;
   co.env = ChildEnv(t);
   co.scratch_dir = scratch.path();
   co.name = std::move(name);

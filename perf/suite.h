@@ -57,6 +57,7 @@ struct CommonArgs {
   std::string worker_binary;
   std::string plugin;
   int64_t task_buffer_elements = 16;
+  int64_t worker_threads = 0;  // the workers' --worker_threads (0: they size their pools)
   bool keep_logs = false;
 };
 

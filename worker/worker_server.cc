@@ -9,6 +9,7 @@
 #include "sluice/worker/worker_server.h"
 
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <set>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/topology/topology.h"
+#include "sluice/worker/pool_sizing.h"
 #include "sluice/worker/task_runner.h"
 #include "sluice/worker/worker_core.h"
 #include "sluice/worker/worker_metrics.h"
@@ -51,6 +53,15 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   std::string transfer_address;
   DataPlanePlacement placement;       // UCX send pool + progress thread
   std::function<void()> bind_thread;  // pins task producer threads
+  internal::PoolCpus pool_cpus;       // what the parallel-work pool may use
+  bool in_process_counted = false;    // AddInProcessWorker was called
+
+  ~Impl() { Uncount(); }
+  void Uncount() {
+    if (!in_process_counted) return;
+    in_process_counted = false;
+    internal::RemoveInProcessWorker(config.host_id);
+  }
   std::unique_ptr<proto::DispatcherService::Stub> dispatcher;
   internal::WorkerCore core{[this](const TaskRunner& t) { ReportFinished(t); }};
   std::thread heartbeat;
@@ -61,6 +72,8 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
   grpc::ClientContext* heartbeat_ctx ABSL_GUARDED_BY(mu) = nullptr;
   absl::Time last_heartbeat_ok ABSL_GUARDED_BY(mu) = absl::Now();
   int64_t dispatcher_timeout_seen ABSL_GUARDED_BY(mu) = 0;  // for the warning above
+  int64_t workers_on_host_seen ABSL_GUARDED_BY(mu) = 0;     // see ResizePool
+  int pool_threads ABSL_GUARDED_BY(mu) = 0;
 
   // Metrics (see worker_metrics.h).
   std::atomic<int64_t> tasks_received{0}, heartbeat_failures{0};
@@ -129,6 +142,24 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     return grpc::Status::OK;
   }
 
+  // Sizes the pool of parallel pipeline work for `workers_on_host` workers
+  // on this host (0: not known yet) and says so when it changes.
+  void ResizePool(int64_t workers_on_host) ABSL_LOCKS_EXCLUDED(mu) {
+    internal::PoolSize size;
+    {
+      absl::MutexLock l(&mu);
+      if (pool_threads > 0 && workers_on_host == workers_on_host_seen) return;
+      workers_on_host_seen = workers_on_host;
+      size = internal::SizeWorkerPool(config.worker_threads, pool_cpus, workers_on_host,
+                                       internal::InProcessWorkers(config.host_id), config.host_id);
+      if (size.threads == pool_threads) return;
+      pool_threads = size.threads;
+    }
+    ConfigureThreadPool(size.threads, bind_thread);
+    spdlog::info("worker: {} pool thread(s) for parallel pipeline work ({})", size.threads,
+                 size.why);
+  }
+
   // One heartbeat; `wait` is the long-poll time the dispatcher may hold it.
   absl::Status Heartbeat(absl::Duration wait, absl::Duration deadline, bool wait_for_ready)
       ABSL_LOCKS_EXCLUDED(mu) {
@@ -173,6 +204,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
         }
       }
     }
+    ResizePool(resp.workers_on_host());
     for (const auto& def : resp.new_tasks()) {
       if (core.HasTask(def.task_id())) continue;
       std::unique_ptr<internal::SplitClient> splits;
@@ -284,17 +316,30 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                  std::string(hooks.status().message()));
   }
   // The process-wide pool of parallel pipeline work (Map/Interleave/Batch
-  // num_parallel_calls): one thread per cpu the worker is placed on, bound
-  // as its task threads are, unless --worker_threads says otherwise.
+  // num_parallel_calls): one thread per cpu the worker is placed on (at
+  // most the cgroup quota), bound as its task threads are, divided among
+  // the workers on its host once the dispatcher has counted them, unless
+  // --worker_threads says otherwise (ResizePool).
   {
-    int threads = static_cast<int>(config.worker_threads);
-    if (threads <= 0) {
-      threads = hooks.ok() && !hooks->placement.cpus.empty()
-                    ? static_cast<int>(hooks->placement.cpus.size())
-                    : AvailableCpus();
+    internal::PoolCpus& pc = impl->pool_cpus;
+    pc.explicit_cpus = !config.cpu_list.empty();
+    if (hooks.ok() && !hooks->placement.cpus.empty()) {
+      pc.cpus = static_cast<int>(hooks->placement.cpus.size());
+      pc.from = absl::StrCat("its placement (", hooks->description, ")");
+    } else {
+      pc.cpus = AvailableCpus();
+      pc.from = "the process's cpus";
     }
-    ConfigureThreadPool(threads, impl->bind_thread);
-    spdlog::info("worker: {} pool thread(s) for parallel pipeline work", threads);
+    if (const std::optional<double> quota = CgroupCpuQuota()) {
+      const int allowed = std::max(1, static_cast<int>(std::ceil(*quota - 1e-9)));
+      if (allowed < pc.cpus) {
+        pc.cpus = allowed;
+        pc.from = absl::StrCat("the cgroup cpu quota (", *quota, " cpus)");
+      }
+    }
+    internal::AddInProcessWorker(impl->config.host_id);
+    impl->in_process_counted = true;
+    impl->ResizePool(0);
   }
   grpc::EnableDefaultHealthCheckService(true);  // grpc.health.v1.Health, SERVING once built
   grpc::ServerBuilder builder;
@@ -406,6 +451,7 @@ int64_t WorkerServer::num_tasks() const { return impl_->core.num_tasks(); }
 void WorkerServer::Stop() {
   if (impl_ == nullptr || impl_->stopped) return;
   impl_->stopped = true;
+  impl_->Uncount();
   impl_->stopping.Notify();
   if (impl_->metrics) impl_->metrics->Stop();
   // Stopping the tasks wakes the requests waiting in them.

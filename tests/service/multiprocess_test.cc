@@ -11,6 +11,7 @@
 
 #include "sluice/client/distribute.h"
 #include "sluice/dataset/dataset.h"
+#include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/expr.h"
 #include "sluice/dataset/udf.h"
 #include "tests/service/multiprocess_util.h"
@@ -95,6 +96,48 @@ TEST_F(MultiProcessTest, DatasetThatFailsToValidateOnTheWorkerIsInvalidArgument)
   watchdog.Disarm();
   std::sort(values.begin(), values.end());
   EXPECT_THAT(values, ElementsAreArray({0, 0, 2, 2, 4, 4, 6, 6}));
+}
+
+// Two worker processes on one host divide its cpus between their pools of
+// parallel work (the dispatcher counts the workers of each host id), and a
+// survivor takes them all back once the other is lost.
+TEST_F(MultiProcessTest, WorkersSharingAHostDivideItsCpus) {
+  const int cpus = AvailableCpus();
+  ASSERT_OK(StartCluster(2, {"--worker_timeout_ms", "1500"},
+                         {"--host_id", "shared-test-host", "--numa_node", "none",
+                          "--heartbeat_interval_ms", "200"}));
+  Watchdog watchdog(absl::Seconds(120), "host-sharing", [this] { KillAllChildren(); });
+  const std::string shared = absl::StrCat("worker: ", std::max(1, cpus / 2),
+                                          " pool thread(s) for parallel pipeline work (", cpus,
+                                          " cpu(s) of the process's cpus shared by 2 worker "
+                                          "processes on host shared-test-host)");
+  auto wait_for = [](ChildProcess* w, const std::string& line) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (w->log().find(line) == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return w->log().find(line) != std::string::npos;
+  };
+  for (ChildProcess* w : workers_) {
+    EXPECT_TRUE(wait_for(w, shared)) << w->name() << " never said '" << shared << "'; log:\n"
+                                     << w->log();
+  }
+  if (cpus < 2) GTEST_SKIP() << "one cpu: nothing to take back";
+  workers_[1]->KillAndReap();
+  const std::string alone = absl::StrCat("worker: ", cpus,
+                                         " pool thread(s) for parallel pipeline work (one per cpu "
+                                         "of the process's cpus)");
+  // Once at start, and again after the dispatcher lost the other worker.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  auto count = [&] {
+    const std::string log = workers_[0]->log();
+    int n = 0;
+    for (size_t at = log.find(alone); at != std::string::npos; at = log.find(alone, at + 1)) ++n;
+    return n;
+  };
+  while (count() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(count(), 2) << workers_[0]->log();
+  watchdog.Disarm();
 }
 
 TEST_F(MultiProcessTest, WorkerCommandLine) {
