@@ -136,12 +136,24 @@ absl::StatusOr<bool> WebDatasetShardReader::ReadMember() {
 }
 
 absl::Status WebDatasetShardReader::ReadData(int64_t declared, std::string* out) {
-  out->clear();
-  size_t want = declared > 0 ? std::min(static_cast<size_t>(declared), kMaxUpfrontBytes)
-                             : size_t{1} << 16;
+  // Sized to the declared size (at most kMaxUpfrontBytes at first); grown
+  // only if the member really holds more, which a probe read tells without
+  // growing the buffer at the end of a member of the declared size.
+  out->assign(declared > 0 ? std::min(static_cast<size_t>(declared), kMaxUpfrontBytes)
+                           : size_t{1} << 16,
+              '\0');
   size_t have = 0;
   while (true) {
-    if (have == out->size()) out->resize(std::max(want, have * 2));
+    if (have == out->size()) {
+      char probe[4096];
+      const la_ssize_t n = archive_read_data(a_, probe, sizeof(probe));
+      if (n < 0) return ArchiveError("reading a member's data");
+      if (n == 0) break;
+      out->resize(std::max(have * 2, have + static_cast<size_t>(n)));
+      std::memcpy(out->data() + have, probe, static_cast<size_t>(n));
+      have += static_cast<size_t>(n);
+      continue;
+    }
     const la_ssize_t n = archive_read_data(a_, out->data() + have, out->size() - have);
     if (n < 0) return ArchiveError("reading a member's data");
     if (n == 0) break;

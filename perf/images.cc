@@ -169,22 +169,30 @@ absl::StatusOr<Corpus> ScanCorpus(const std::string& root) {
   return c;
 }
 
-absl::Status MakeCorpus(const std::string& tool, const std::string& dir, int64_t images,
-                        int64_t classes, uint64_t seed, const ScratchDir& scratch) {
-  ChildProcess gen("corpus", scratch.File("corpus.log"));
-  SLUICE_RETURN_IF_ERROR(
-      gen.Start(tool, {"--out", dir, "--images", absl::StrCat(images), "--classes",
-                       absl::StrCat(classes), "--seed", absl::StrCat(seed)}));
-  absl::StatusOr<int> st = gen.Wait(absl::Seconds(120 + images / 10));
+// Runs a corpus tool (`name`, its log `name`.log in scratch) to its end.
+absl::Status RunTool(const std::string& name, const std::string& tool,
+                     const std::vector<std::string>& args, absl::Duration timeout,
+                     const ScratchDir& scratch) {
+  ChildProcess gen(name, scratch.File(name + ".log"));
+  SLUICE_RETURN_IF_ERROR(gen.Start(tool, args));
+  absl::StatusOr<int> st = gen.Wait(timeout);
   if (!st.ok()) {
     return absl::DeadlineExceededError(
         absl::StrCat(st.status().message(), "; log:\n", gen.LogTail()));
   }
   if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0) {
     return absl::InternalError(
-        absl::StrCat("sluice-make-jpeg-corpus ", DescribeWaitStatus(*st), ": ", gen.LogTail()));
+        absl::StrCat(tool, " ", DescribeWaitStatus(*st), ": ", gen.LogTail()));
   }
   return absl::OkStatus();
+}
+
+absl::Status MakeCorpus(const std::string& tool, const std::string& dir, int64_t images,
+                        int64_t classes, uint64_t seed, const ScratchDir& scratch) {
+  return RunTool("corpus", tool,
+                 {"--out", dir, "--images", absl::StrCat(images), "--classes",
+                  absl::StrCat(classes), "--seed", absl::StrCat(seed)},
+                 absl::Seconds(120 + images / 10), scratch);
 }
 
 // --corpus DIR: used as it is when it holds images, else made there.
@@ -254,19 +262,10 @@ absl::StatusOr<std::string> PrepareShards(const ImagesArgs& a, const Corpus& c,
       Locate("sluice-make-webdataset", "--webdataset_tool", a.webdataset_tool,
              {SelfDir() + "/sluice-make-webdataset", SelfDir() + "/../tools/sluice-make-webdataset",
               SLUICE_PERF_BUILD_WEBDATASET_TOOL}));
-  ChildProcess gen("webdataset", scratch.File("webdataset.log"));
-  SLUICE_RETURN_IF_ERROR(gen.Start(tool, {"--corpus", c.path, "--out", dir, "--samples_per_shard",
-                                          absl::StrCat(per_shard), "--seed",
-                                          absl::StrCat(a.seed)}));
-  absl::StatusOr<int> st = gen.Wait(absl::Seconds(120 + c.images / 100));
-  if (!st.ok()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(st.status().message(), "; log:\n", gen.LogTail()));
-  }
-  if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0) {
-    return absl::InternalError(
-        absl::StrCat("sluice-make-webdataset ", DescribeWaitStatus(*st), ": ", gen.LogTail()));
-  }
+  SLUICE_RETURN_IF_ERROR(RunTool("webdataset", tool,
+                                 {"--corpus", c.path, "--out", dir, "--samples_per_shard",
+                                  absl::StrCat(per_shard), "--seed", absl::StrCat(a.seed)},
+                                 absl::Seconds(120 + c.images / 100), scratch));
   notes->push_back(absl::StrCat("the WebDataset shards are kept for later runs in ", dir));
   return dir;
 }

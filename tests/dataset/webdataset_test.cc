@@ -171,6 +171,20 @@ TEST(WebDatasetTest, TruncatedCorruptMissingAndEmptyShards) {
   EXPECT_TRUE(none.empty());
 }
 
+// A member larger than the reader allocates up front (64 MiB) arrives whole.
+TEST(WebDatasetTest, AMemberLargerThanTheUpfrontAllocationArrivesWhole) {
+  TempDir dir;
+  std::string big((size_t{64} << 20) + 12345, '\0');
+  for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>(i / 4096);
+  const std::string shard = dir.File("big.tar");
+  ASSERT_OK(WriteWebDatasetShard(shard, {{"k.bin", big}, {"k.cls", "7"}}));
+  ASSERT_OK_AND_ASSIGN(auto got, Strings(Dataset::WebDataset(shard, {"bin", "cls"})));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0][0].size(), big.size());
+  EXPECT_TRUE(got[0][0] == big);
+  EXPECT_EQ(got[0][1], "7");
+}
+
 TEST(WebDatasetTest, CompressedShardsAreReadAsTheyAre) {
   TempDir dir;
   const std::string tar = WriteShard(dir, 0, 3);

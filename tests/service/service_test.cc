@@ -153,6 +153,28 @@ class ServiceTest : public ::testing::TestWithParam<std::string> {
     for (auto& w : workers_) w->Stop();
     if (dispatcher_) dispatcher_->Stop();
   }
+  // Starts the service with one worker and reads each of `readers` (given
+  // distributed_epoch options) to the end, then adds two workers and reads
+  // them again: out[r] holds reader r's elements from one worker, then from
+  // three (empty, with a failure, when a read fails).
+  std::vector<std::vector<std::vector<Element>>> ReadFromOneThenThreeWorkers(
+      const std::vector<std::function<Dataset(const DistributeOptions&)>>& readers) {
+    StartService(1);
+    DistributeOptions o = Options();
+    o.processing_mode = "distributed_epoch";
+    std::vector<std::vector<std::vector<Element>>> out(readers.size());
+    for (int workers : {1, 3}) {
+      if (workers == 3) StartWorkers(2);
+      for (size_t r = 0; r < readers.size(); ++r) {
+        auto got = WithHangGuard([&] { return Collect(readers[r](o)); });
+        if (!got.ok()) {
+          ADD_FAILURE() << "reader " << r << " from " << workers << " worker(s): " << got.status();
+        }
+        out[r].push_back(got.ok() ? *std::move(got) : std::vector<Element>());
+      }
+    }
+    return out;
+  }
 
   std::unique_ptr<DispatchServer> dispatcher_;
   std::vector<std::unique_ptr<WorkerServer>> workers_;
@@ -998,18 +1020,12 @@ TEST_P(ServiceTest, SeededAugmentationIsTheSameWhateverTheNumberOfWorkers) {
   ASSERT_OK_AND_ASSIGN(auto local, sluice_test::Collect(pipeline));
   ASSERT_EQ(local.size(), 12u);
   const auto want = by_path(local);
-  StartService(1);
-  DistributeOptions o = Options();
-  o.processing_mode = "distributed_epoch";
-  ASSERT_OK_AND_ASSIGN(auto one,
-                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
-  EXPECT_EQ(one.size(), 12u);
-  EXPECT_EQ(by_path(one), want);
-  StartWorkers(2);
-  ASSERT_OK_AND_ASSIGN(auto three,
-                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
-  EXPECT_EQ(three.size(), 12u);
-  EXPECT_EQ(by_path(three), want);
+  const auto read = ReadFromOneThenThreeWorkers(
+      {[&](const DistributeOptions& o) { return pipeline.Apply(Distribute(o)); }});
+  for (const auto& got : read[0]) {
+    EXPECT_EQ(got.size(), 12u);
+    EXPECT_EQ(by_path(got), want);
+  }
 }
 
 // WebDataset shards split as files do in distributed_epoch: every sample
@@ -1044,18 +1060,12 @@ TEST_P(ServiceTest, WebDatasetShardsSplitAndAugmentTheSameWhateverTheNumberOfWor
   ASSERT_OK_AND_ASSIGN(auto local, sluice_test::Collect(pipeline));
   ASSERT_EQ(local.size(), 18u);
   const auto want = by_key(local);
-  StartService(1);
-  DistributeOptions o = Options();
-  o.processing_mode = "distributed_epoch";
-  ASSERT_OK_AND_ASSIGN(auto one,
-                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
-  EXPECT_EQ(one.size(), 18u);
-  EXPECT_EQ(by_key(one), want);
-  StartWorkers(2);
-  ASSERT_OK_AND_ASSIGN(auto three,
-                       WithHangGuard([&] { return Collect(pipeline.Apply(Distribute(o))); }));
-  EXPECT_EQ(three.size(), 18u);
-  EXPECT_EQ(by_key(three), want);
+  const auto read = ReadFromOneThenThreeWorkers(
+      {[&](const DistributeOptions& o) { return pipeline.Apply(Distribute(o)); }});
+  for (const auto& got : read[0]) {
+    EXPECT_EQ(got.size(), 18u);
+    EXPECT_EQ(by_key(got), want);
+  }
 }
 
 // Element keys survive the ops that derive them (Unbatch, Interleave with a
@@ -1097,28 +1107,22 @@ TEST_P(ServiceTest, SeededAugmentationAfterUnbatchInterleaveAndDistributeIgnores
     std::sort(out.begin(), out.end());
     return out;
   };
-  ASSERT_OK_AND_ASSIGN(auto local_unbatched, sluice_test::Collect(unbatched));
-  ASSERT_OK_AND_ASSIGN(auto local_interleaved, sluice_test::Collect(interleaved));
-  ASSERT_OK_AND_ASSIGN(auto local_samples, sluice_test::Collect(samples.Map(crop(x))));
-  ASSERT_EQ(local_unbatched.size(), 12u);
-  ASSERT_EQ(local_interleaved.size(), 12u);
-  ASSERT_EQ(local_samples.size(), 12u);
-  StartService(1);
-  DistributeOptions o = Options();
-  o.processing_mode = "distributed_epoch";
-  for (int workers : {1, 3}) {
-    SCOPED_TRACE(absl::StrCat(workers, " worker(s)"));
-    if (workers == 3) StartWorkers(2);
-    ASSERT_OK_AND_ASSIGN(auto u, WithHangGuard([&] { return Collect(unbatched.Apply(Distribute(o))); }));
-    EXPECT_EQ(outputs(u), outputs(local_unbatched));
-    ASSERT_OK_AND_ASSIGN(auto i,
-                         WithHangGuard([&] { return Collect(interleaved.Apply(Distribute(o))); }));
-    EXPECT_EQ(outputs(i), outputs(local_interleaved));
-    // The random op runs on the client, after Distribute.
-    ASSERT_OK_AND_ASSIGN(auto c, WithHangGuard([&] {
-                           return Collect(samples.Apply(Distribute(o)).Map(crop(x)));
-                         }));
-    EXPECT_EQ(outputs(c), outputs(local_samples));
+  std::vector<std::vector<Element>> local(3);
+  ASSERT_OK_AND_ASSIGN(local[0], sluice_test::Collect(unbatched));
+  ASSERT_OK_AND_ASSIGN(local[1], sluice_test::Collect(interleaved));
+  ASSERT_OK_AND_ASSIGN(local[2], sluice_test::Collect(samples.Map(crop(x))));
+  const auto read = ReadFromOneThenThreeWorkers({
+      [&](const DistributeOptions& o) { return unbatched.Apply(Distribute(o)); },
+      [&](const DistributeOptions& o) { return interleaved.Apply(Distribute(o)); },
+      // The random op runs on the client, after Distribute.
+      [&](const DistributeOptions& o) { return samples.Apply(Distribute(o)).Map(crop(x)); },
+  });
+  for (size_t r = 0; r < read.size(); ++r) {
+    ASSERT_EQ(local[r].size(), 12u);
+    for (size_t w = 0; w < read[r].size(); ++w) {
+      EXPECT_EQ(outputs(read[r][w]), outputs(local[r])) << "pipeline " << r << ", from "
+                                                        << (w == 0 ? 1 : 3) << " worker(s)";
+    }
   }
 }
 
