@@ -33,6 +33,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -101,6 +102,33 @@ bool EagerSmallRepliesFromEnv() {
     return v != nullptr && std::string(v) == "1";
   }();
   return on;
+}
+
+// DistributeOptions::compression: the codec asked for, nullopt for AUTO.
+absl::StatusOr<std::optional<FrameCodec>> ParseCompression(const std::string& name) {
+  const std::string n = absl::AsciiStrToLower(name);
+  if (n == "auto") return std::optional<FrameCodec>();
+  if (n == "none" || n == "off") return std::optional<FrameCodec>(FrameCodec::kNone);
+  if (n == "lz4") return std::optional<FrameCodec>(FrameCodec::kLz4);
+  if (n == "zstd") return std::optional<FrameCodec>(FrameCodec::kZstd);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Distribute: compression must be AUTO, none, lz4 or zstd; got '", name, "'"));
+}
+
+// The codec the workers are asked for: AUTO is the protocol's choice
+// (logged once per process and protocol).
+FrameCodec ResolveCompression(const std::string& name,
+                              const internal::TransportProtocol& protocol) {
+  const std::optional<FrameCodec> asked = ParseCompression(name).value_or(FrameCodec::kNone);
+  if (asked) return *asked;
+  static absl::Mutex mu(absl::kConstInit);
+  static std::set<std::string>* logged = new std::set<std::string>();
+  absl::MutexLock l(&mu);
+  if (logged->insert(protocol.name).second) {
+    spdlog::info("Distribute: compression AUTO picked {} for the {} data plane",
+                 FrameCodecName(protocol.auto_compression), protocol.name);
+  }
+  return protocol.auto_compression;
 }
 
 // Reads iteration `repetition` of the job `node` describes (the dataset or
@@ -304,6 +332,7 @@ class DataServiceIterator final : public Iterator {
         mode_(internal::ParseProcessingMode(node.processing_mode())
                   .value_or(proto::PROCESSING_MODE_UNSPECIFIED)),
         distributed_(mode_ == proto::DISTRIBUTED_EPOCH),
+        compression_(ResolveCompression(options.compression, *protocol)),
         stub_(proto::DispatcherService::NewStub(std::move(channel))),
         callbacks_done_(std::make_shared<absl::Notification>()),
         alive_(nullptr, [done = callbacks_done_](void*) { done->Notify(); }) {}
@@ -317,6 +346,7 @@ class DataServiceIterator final : public Iterator {
     o.shared_job = !node_.job_name().empty();
     o.distributed = distributed_;
     o.element_wait = kElementWait;
+    o.compression = compression_;
     absl::MutexLock l(&mu_);
     if (coordinated_) {
       auto r = std::make_unique<internal::RoundReader>(o);
@@ -600,6 +630,7 @@ class DataServiceIterator final : public Iterator {
   const bool coordinated_;
   const proto::ProcessingMode mode_;
   const bool distributed_;
+  const FrameCodec compression_;  // asked of the workers
   std::unique_ptr<proto::DispatcherService::Stub> stub_;
   // Every request's callback holds a copy of alive_; when the destructor
   // drops its own and the last callback is destroyed, callbacks_done_ fires.
@@ -699,6 +730,7 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("Distribute: cuda_pinned must be auto, on or "
                                                    "off; got '", o.cuda_pinned, "'"));
   }
+  SLUICE_RETURN_IF_ERROR(ParseCompression(o.compression).status());
   SLUICE_ASSIGN_OR_RETURN(
       const internal::TransportProtocol* protocol,
       internal::FindTransportProtocol(o.data_transfer_protocol, "Distribute"));

@@ -131,6 +131,14 @@ struct DistributeOptions {
   // data planes with receive arenas (ucx); "on" with grpc is
   // InvalidArgument.
   std::string cuda_pinned = "auto";
+  // Wire compression of the elements, as tf.data's `compression`
+  // (case-insensitive): "AUTO" (the default: what the data plane suits,
+  // none over ucx, lz4 over grpc; logged once per process), "none", "lz4"
+  // or "zstd". Workers compress each element that shrinks by at least an
+  // eighth (incompressible ones, JPEG bytes, travel as they are), and this
+  // process decompresses into memory of its own: one copy, instead of
+  // receiving in place.
+  std::string compression = "AUTO";
 };
 
 // Everything before Distribute runs on the service's workers; the elements

@@ -235,6 +235,7 @@ PlannedRequest FcfsReader::Request(ClientTask& t, absl::Duration wait) {
   p.transport = t.transport;
   p.number = t.order.Sent();
   ElementRequest& req = p.request;
+  req.compression = options_.compression;
   req.task_id = t.id;
   req.consumer_index = options_.consumer_index;
   req.client_id = options_.client_id;
@@ -427,6 +428,7 @@ PlannedRequest RoundReader::Request(ClientTask& t, int64_t round) {
   p.request.task_id = t.id;
   p.request.consumer_index = options_.consumer_index;
   p.request.round = round;
+  p.request.compression = options_.compression;
   p.request.wait = options_.element_wait;
   p.request.max_bytes = kMaxBytesPerReply;
   ++t.in_flight;

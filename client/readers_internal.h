@@ -176,6 +176,7 @@ struct ReaderOptions {
   bool shared_job = false;
   bool distributed = false;  // distributed_epoch: acks and dedup
   absl::Duration element_wait = absl::Milliseconds(500);
+  FrameCodec compression = FrameCodec::kNone;  // asked of the workers
 };
 
 // Counters a reader adds to (the iterator reports them process-wide).

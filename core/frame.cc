@@ -1,5 +1,9 @@
 #include "sluice/core/frame.h"
 
+#include <lz4.h>
+#include <zstd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -142,8 +146,11 @@ absl::StatusOr<FrameLayout> ParseFrameHeader(const uint8_t* header, size_t size)
   }
   FrameLayout layout;
   layout.flags = Get<uint16_t>(header + 6);
-  if (layout.flags & ~(kFrameEndOfSequence | kFrameSkip)) {
+  if (layout.flags & ~(kFrameEndOfSequence | kFrameSkip | kFrameLz4 | kFrameZstd)) {
     return Corrupt(absl::StrCat("unknown flags 0x", absl::Hex(layout.flags)));
+  }
+  if ((layout.flags & kFrameLz4) && (layout.flags & kFrameZstd)) {
+    return Corrupt("two codecs flagged");
   }
   uint32_t n = Get<uint32_t>(header + 8);
   if (n > kMaxFrameComponents) return Corrupt(absl::StrCat(n, " components is too many"));
@@ -175,6 +182,9 @@ absl::StatusOr<DecodedFrame> DecodeFrameParts(const uint8_t* header, size_t head
                                 " payload bytes; ", payload_size, " present (truncated?)"));
   }
   if (payload == nullptr && payload_size != 0) return Corrupt("null payload");
+  if (layout->flags & (kFrameLz4 | kFrameZstd)) {
+    return Corrupt("a compressed frame arrived in parts");
+  }
   uint32_t n = Get<uint32_t>(header + 8);
   DecodedFrame out;
   out.flags = layout->flags;
@@ -221,13 +231,149 @@ absl::StatusOr<DecodedFrame> DecodeFrameParts(const uint8_t* header, size_t head
   return out;
 }
 
+const char* FrameCodecName(FrameCodec codec) {
+  switch (codec) {
+    case FrameCodec::kLz4: return "lz4";
+    case FrameCodec::kZstd: return "zstd";
+    case FrameCodec::kNone: break;
+  }
+  return "none";
+}
+
+absl::StatusOr<uint64_t> FramePayloadDataBytes(const uint8_t* header, size_t header_size) {
+  auto layout = ParseFrameHeader(header, header_size);
+  if (!layout.ok()) return layout.status();
+  const uint32_t n = Get<uint32_t>(header + 8);
+  uint64_t end = 0;
+  size_t desc = kFrameFixedHeaderSize;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (desc + 24 > layout->header_size) return Corrupt("descriptors run past the header");
+    const uint8_t rank = header[desc + 1];
+    if (rank > kMaxFrameRank || desc + DescriptorSize(rank) > layout->header_size) {
+      return Corrupt("descriptors run past the header");
+    }
+    const uint64_t off = Get<uint64_t>(header + desc + 8), sz = Get<uint64_t>(header + desc + 16);
+    if (off > kMaxDecompressedPayloadBytes || sz > kMaxDecompressedPayloadBytes - off) {
+      return Corrupt(absl::StrCat("component ", i, " ends past ", kMaxDecompressedPayloadBytes,
+                                  " payload bytes"));
+    }
+    end = std::max(end, off + sz);
+    desc += DescriptorSize(rank);
+  }
+  return end;
+}
+
+absl::StatusOr<std::optional<OwnedFrame>> CompressFrame(const uint8_t* header,
+                                                        size_t header_size,
+                                                        const uint8_t* payload,
+                                                        size_t payload_bytes, FrameCodec codec) {
+  if (codec == FrameCodec::kNone || payload_bytes < 256 ||
+      payload_bytes > static_cast<size_t>(LZ4_MAX_INPUT_SIZE)) {
+    return std::optional<OwnedFrame>();
+  }
+  const size_t bound = codec == FrameCodec::kLz4
+                           ? static_cast<size_t>(LZ4_compressBound(static_cast<int>(payload_bytes)))
+                           : ZSTD_compressBound(payload_bytes);
+  OwnedFrame f;
+  f.data = AllocateAligned(header_size + bound, /*zeroed=*/false);
+  if (f.data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", header_size + bound, " bytes to compress a frame"));
+  }
+  uint8_t* out = f.data.get() + header_size;
+  size_t compressed = 0;
+  if (codec == FrameCodec::kLz4) {
+    const int n = LZ4_compress_default(reinterpret_cast<const char*>(payload),
+                                       reinterpret_cast<char*>(out),
+                                       static_cast<int>(payload_bytes), static_cast<int>(bound));
+    if (n <= 0) return std::optional<OwnedFrame>();
+    compressed = static_cast<size_t>(n);
+  } else {
+    // Level 1: zstd's fastest standard level, still well ahead of lz4 in ratio.
+    const size_t n = ZSTD_compress(out, bound, payload, payload_bytes, 1);
+    if (ZSTD_isError(n)) return std::optional<OwnedFrame>();
+    compressed = n;
+  }
+  if (compressed > payload_bytes - payload_bytes / 8) return std::optional<OwnedFrame>();
+  std::memcpy(f.data.get(), header, header_size);
+  const uint16_t flags = Get<uint16_t>(header + 6) |
+                         (codec == FrameCodec::kLz4 ? kFrameLz4 : kFrameZstd);
+  Put<uint16_t>(f.data.get() + 6, flags);
+  f.size = header_size + compressed;
+  Put<uint64_t>(f.data.get() + 16, f.size);
+  return std::optional<OwnedFrame>(std::move(f));
+}
+
+namespace {
+
+// A compressed frame of exactly `size` bytes, decompressed into memory of
+// its own and decoded from there.
+absl::StatusOr<DecodedFrame> DecodeCompressed(const uint8_t* data, size_t size,
+                                              const FrameLayout& layout,
+                                              uint64_t max_decoded_bytes) {
+  const size_t h = layout.header_size;
+  auto data_bytes = FramePayloadDataBytes(data, h);
+  if (!data_bytes.ok()) return data_bytes.status();
+  const size_t d = *data_bytes;
+  const size_t area = AlignUp(d);
+  if (h + area > max_decoded_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a compressed element of ", h + area, " bytes once decompressed; this receiver accepts "
+        "at most ", max_decoded_bytes, " (DistributeOptions::max_element_bytes)"));
+  }
+  // The header as an uncompressed frame's, followed by the payload area.
+  std::shared_ptr<uint8_t> buf = AllocateAligned(h + std::max<size_t>(area, 1), /*zeroed=*/false);
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", h + area, " bytes to decompress a frame"));
+  }
+  std::memcpy(buf.get(), data, h);
+  Put<uint16_t>(buf.get() + 6, layout.flags & ~(kFrameLz4 | kFrameZstd));
+  Put<uint64_t>(buf.get() + 16, h + area);
+  uint8_t* payload = buf.get() + h;
+  const char* codec = (layout.flags & kFrameLz4) ? "lz4" : "zstd";
+  size_t got = 0;
+  if (layout.flags & kFrameLz4) {
+    if (layout.payload_size > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+        d > static_cast<size_t>(std::numeric_limits<int>::max())) {
+      return Corrupt("an lz4 payload over 2 GiB");
+    }
+    const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(data + h),
+                                      reinterpret_cast<char*>(payload),
+                                      static_cast<int>(layout.payload_size), static_cast<int>(d));
+    if (n < 0) return Corrupt("its lz4 payload does not decompress");
+    got = static_cast<size_t>(n);
+  } else {
+    const size_t n = ZSTD_decompress(payload, d, data + h, layout.payload_size);
+    if (ZSTD_isError(n)) {
+      return Corrupt(absl::StrCat("its zstd payload does not decompress: ", ZSTD_getErrorName(n)));
+    }
+    got = n;
+  }
+  if (got != d) {
+    return Corrupt(absl::StrCat("its ", codec, " payload decompresses to ", got, " bytes; the "
+                                "header describes ", d));
+  }
+  std::memset(payload + d, 0, area - d);
+  const uint8_t* base = buf.get();
+  auto out = DecodeFrameParts(base, h, base + h, area, std::shared_ptr<const void>(buf, base));
+  if (out.ok()) out->flags = layout.flags & ~(kFrameLz4 | kFrameZstd);
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<DecodedFrame> DecodeFrame(const uint8_t* data, size_t size,
-                                         std::shared_ptr<const void> owner) {
+                                         std::shared_ptr<const void> owner,
+                                         uint64_t max_decoded_bytes) {
   auto layout = ParseFrameHeader(data, size);
   if (!layout.ok()) return layout.status();
   if (layout->frame_size() != size) {
     return Corrupt(absl::StrCat("frame declares ", layout->frame_size(), " bytes; ", size,
                                 " present", size < layout->frame_size() ? " (truncated)" : ""));
+  }
+  if (layout->flags & (kFrameLz4 | kFrameZstd)) {
+    return DecodeCompressed(data, size, *layout, max_decoded_bytes);
   }
   return DecodeFrameParts(data, layout->header_size, data + layout->header_size,
                           layout->payload_size, std::move(owner));

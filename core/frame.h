@@ -37,11 +37,19 @@
 // The header [0, H) and the payload area [H, frame_size) may travel
 // separately (the data plane sends the header inline and the payload by
 // rendezvous into a client slot); DecodeFrameParts reassembles the views.
+//
+// Compressed frames (flag bit 2: LZ4 block, bit 3: zstd) carry, after the
+// same header, the first D bytes of the payload area compressed, D being
+// where the last component's payload ends (what follows is zero padding):
+// frame_size is H + the compressed size. DecodeFrame decompresses them
+// into memory of its own (a copy: what compression costs the receiver);
+// they never travel split.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -60,7 +68,17 @@ inline constexpr size_t kFrameFixedHeaderSize = 24;
 enum FrameFlags : uint16_t {
   kFrameEndOfSequence = 1u << 0,
   kFrameSkip = 1u << 1,
+  kFrameLz4 = 1u << 2,
+  kFrameZstd = 1u << 3,
 };
+
+// Wire compression of frames (DistributeOptions::compression).
+enum class FrameCodec : uint8_t { kNone = 0, kLz4 = 1, kZstd = 2 };
+// "none", "lz4", "zstd".
+const char* FrameCodecName(FrameCodec codec);
+// A compressed frame decompresses to at most this many payload bytes (a
+// corrupt or hostile header cannot make the receiver allocate more).
+inline constexpr uint64_t kMaxDecompressedPayloadBytes = uint64_t{4} << 30;
 
 struct FrameLayout {
   uint16_t flags = 0;
@@ -96,11 +114,31 @@ struct DecodedFrame {
 };
 
 // Decodes a contiguous frame of exactly `size` bytes. The tensors view
-// `data`; `owner` keeps it alive.
+// `data`; `owner` keeps it alive. A compressed frame is decompressed into
+// memory of its own (the tensors view that); one that would decompress to
+// more than `max_decoded_bytes` is ResourceExhausted (a receiver's bound,
+// DistributeOptions::max_element_bytes, holds for what an element becomes).
 absl::StatusOr<DecodedFrame> DecodeFrame(const uint8_t* data, size_t size,
-                                         std::shared_ptr<const void> owner);
+                                         std::shared_ptr<const void> owner,
+                                         uint64_t max_decoded_bytes = UINT64_MAX);
 
-// Decodes a frame whose header and payload area live apart. The tensors view
+// Where the last component's payload ends in the payload area of the frame
+// whose header (header_size bytes) is at `header`: the bytes compression
+// keeps.
+absl::StatusOr<uint64_t> FramePayloadDataBytes(const uint8_t* header, size_t header_size);
+
+// The frame whose header is at `header` (uncompressed) and whose payload
+// area's first `payload_bytes` are at `payload` (FramePayloadDataBytes),
+// compressed with `codec` into a frame of its own; nullopt when that would
+// not save at least an eighth of the payload (incompressible data, JPEG
+// bytes: send it as it is).
+absl::StatusOr<std::optional<OwnedFrame>> CompressFrame(const uint8_t* header,
+                                                        size_t header_size,
+                                                        const uint8_t* payload,
+                                                        size_t payload_bytes, FrameCodec codec);
+
+// Decodes a frame whose header and payload area live apart (never a
+// compressed one). The tensors view
 // `payload`; `owner` keeps it alive. The header is only read during the call.
 absl::StatusOr<DecodedFrame> DecodeFrameParts(const uint8_t* header, size_t header_size,
                                               const uint8_t* payload, size_t payload_size,

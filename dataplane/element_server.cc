@@ -16,6 +16,24 @@ void WriteFrame(const FrameBuffer& f, uint8_t* out) {
   std::memset(out + f.size + f.payload_size, 0, f.frame_size() - f.size - f.payload_size);
 }
 
+absl::Status CompressServedFrame(FrameCodec codec, FrameBuffer* frame) {
+  if (codec == FrameCodec::kNone) return absl::OkStatus();
+  SLUICE_ASSIGN_OR_RETURN(FrameLayout layout, ParseFrameHeader(frame->data, frame->size));
+  SLUICE_ASSIGN_OR_RETURN(uint64_t bytes, FramePayloadDataBytes(frame->data, layout.header_size));
+  const uint8_t* payload =
+      frame->payload != nullptr ? frame->payload : frame->data + layout.header_size;
+  SLUICE_ASSIGN_OR_RETURN(std::optional<OwnedFrame> c,
+                          CompressFrame(frame->data, layout.header_size, payload, bytes, codec));
+  if (!c) return absl::OkStatus();
+  FrameBuffer out;
+  out.data = c->data.get();
+  out.size = c->size;
+  out.owner = std::move(c->data);
+  out.position = frame->position;
+  *frame = std::move(out);
+  return absl::OkStatus();
+}
+
 size_t FrameBuffer::frame_size() const {
   if (payload == nullptr) return size;
   return size + (payload_size + kFrameAlignment - 1) / kFrameAlignment * kFrameAlignment;

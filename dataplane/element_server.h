@@ -55,6 +55,11 @@ inline constexpr size_t kZeroCopyPayloadBytes = size_t{64} << 10;
 // qualifies (see kZeroCopyPayloadBytes), else a full frame from `alloc`.
 absl::StatusOr<FrameBuffer> EncodeServedFrame(const Element& element, const FrameAllocator& alloc);
 
+// Replaces `frame` with a copy compressed with `codec` (a contiguous
+// frame on the heap, core/frame.h) when that saves bytes; leaves it as it
+// is otherwise (incompressible elements, or kNone).
+absl::Status CompressServedFrame(FrameCodec codec, FrameBuffer* frame);
+
 // Writes `frame` as one contiguous frame of frame.frame_size() bytes at
 // `out` (for transports that copy into their message anyway, like gRPC).
 void WriteFrame(const FrameBuffer& frame, uint8_t* out);

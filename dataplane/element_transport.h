@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sluice/rpc/security.h"
+#include "sluice/core/frame.h"
 #include "sluice/core/tensor.h"
 
 namespace sluice {
@@ -69,6 +70,10 @@ struct ElementRequest {
   // resend it answers as usual.
   int64_t delivered_seq = -1;
   bool resend = false;
+  // Compress the reply's frames with this codec where it saves bytes
+  // (DistributeOptions::compression; core/frame.h). The client's transport
+  // decompresses them.
+  FrameCodec compression = FrameCodec::kNone;
 };
 
 // Where an element came from: its split and index in the split's output

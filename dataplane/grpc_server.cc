@@ -83,6 +83,10 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     r.shared_job = req->shared_job();
     r.delivered_seq = req->delivered_seq();
     r.resend = req->resend();
+    if (req->compression() == static_cast<int>(FrameCodec::kLz4)) r.compression = FrameCodec::kLz4;
+    if (req->compression() == static_cast<int>(FrameCodec::kZstd)) {
+      r.compression = FrameCodec::kZstd;
+    }
     const int acks = std::min<int>({req->ack_split_ids_size(), req->ack_counts_size(),
                                     static_cast<int>(kMaxAcksPerRequest)});
     for (int i = 0; i < acks; ++i) r.acks.push_back({req->ack_split_ids(i), req->ack_counts(i)});

@@ -40,12 +40,14 @@ struct GrpcCall {
 
 class GrpcElementTransport final : public ElementTransport {
  public:
-  GrpcElementTransport(std::string address, std::shared_ptr<grpc::Channel> channel)
+  GrpcElementTransport(std::string address, std::shared_ptr<grpc::Channel> channel,
+                       int64_t max_element_bytes)
       : state_(std::make_shared<State>()),
         stub_(proto::ElementService::NewStub(std::move(channel))),
         calls_gone_(std::make_shared<absl::Notification>()),
         calls_alive_(nullptr, [gone = calls_gone_](void*) { gone->Notify(); }) {
     state_->address = std::move(address);
+    state_->max_element_bytes = static_cast<uint64_t>(max_element_bytes);
   }
 
   // Cancels what is in flight and waits until every call's callback ran
@@ -71,6 +73,7 @@ class GrpcElementTransport final : public ElementTransport {
     req.set_shared_job(request.shared_job);
     req.set_delivered_seq(request.delivered_seq);
     req.set_resend(request.resend);
+    req.set_compression(static_cast<int>(request.compression));
     for (const SplitAck& a : request.acks) {
       req.add_ack_split_ids(a.split_id);
       req.add_ack_counts(a.count);
@@ -99,6 +102,7 @@ class GrpcElementTransport final : public ElementTransport {
   // Shared with the callbacks, so that it outlives the last of them.
   struct State {
     std::string address;
+    uint64_t max_element_bytes = UINT64_MAX;  // also once decompressed
     absl::Mutex mu;
     bool cancelled ABSL_GUARDED_BY(mu) = false;
     std::set<GrpcCall*> active ABSL_GUARDED_BY(mu);
@@ -117,13 +121,14 @@ class GrpcElementTransport final : public ElementTransport {
     } else if (!s.ok()) {
       done(internal::FromGrpcStatus(s, absl::StrCat("GetElement from worker ", state.address)));
     } else {
-      done(Decode(state.address, call.resp));
+      done(Decode(state.address, state.max_element_bytes, call.resp));
     }
     absl::MutexLock l(&state.mu);
     state.active.erase(&call);
   }
 
   static absl::StatusOr<ElementResult> Decode(const std::string& address,
+                                              uint64_t max_element_bytes,
                                               proto::GetElementResponse& resp) {
     ElementResult out;
     out.end_of_sequence = resp.end_of_sequence();
@@ -134,7 +139,8 @@ class GrpcElementTransport final : public ElementTransport {
     auto frame = std::make_shared<std::string>(std::move(*resp.mutable_frame()));
     out.bytes = frame->size();
     const auto* data = reinterpret_cast<const uint8_t*>(frame->data());
-    auto decoded = DecodeFrame(data, frame->size(), frame);
+    auto decoded = DecodeFrame(data, frame->size(), frame, max_element_bytes);
+    if (absl::IsResourceExhausted(decoded.status())) return decoded.status();
     if (!decoded.ok()) {
       return absl::DataLossError(absl::StrCat("worker ", address, " sent a bad element: ",
                                               decoded.status().message()));
@@ -167,7 +173,7 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
   auto channel = internal::MakeSecureChannel(*parsed, security, max_receive);
   if (!channel.ok()) return channel.status();
   return std::unique_ptr<ElementTransport>(
-      new GrpcElementTransport(*parsed, *std::move(channel)));
+      new GrpcElementTransport(*parsed, *std::move(channel), max_element_bytes));
 }
 
 }  // namespace sluice

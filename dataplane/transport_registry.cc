@@ -41,6 +41,10 @@ Registry& TheRegistry() {
       return MakeGrpcElementTransport(address, o.security, o.max_element_bytes);
     };
     grpc.serve = &StartGrpcElementServer;
+    // gRPC copies every byte through protobuf and the kernel's TCP stack;
+    // lz4 costs less cpu per byte than that and gives it back on
+    // compressible elements (incompressible ones are sent as they are).
+    grpc.auto_compression = FrameCodec::kLz4;
     AddLocked(*r, std::move(grpc));
     TransportProtocol ucx;
     ucx.name = "ucx";

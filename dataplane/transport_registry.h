@@ -48,6 +48,8 @@ struct TransportProtocol {
   // Page-locks those receive buffers for CUDA (null: the protocol has
   // none; DistributeOptions::cuda_pinned).
   std::function<absl::Status()> pin_client_buffers_for_cuda;
+  // What DistributeOptions::compression "AUTO" picks over this protocol.
+  FrameCodec auto_compression = FrameCodec::kNone;
 };
 
 // Adds a protocol; AlreadyExists if its name is taken, InvalidArgument if

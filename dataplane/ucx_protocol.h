@@ -107,6 +107,9 @@ enum RequestFlags : uint16_t {
   // thread wake-ups each). Workers that do not know the flag ignore it.
   kRequestEagerSmallReplies = 1u << 1,
   kRequestResend = 1u << 2,
+  // ElementRequest::compression (at most one).
+  kRequestLz4 = 1u << 3,
+  kRequestZstd = 1u << 4,
 };
 inline constexpr size_t kEagerReplyBytes = 4096;
 

@@ -226,6 +226,9 @@ struct UcxElementServer::Impl {
     job.request.max_outstanding = std::max<int64_t>(1, h.max_outstanding);
     job.request.shared_job = h.flags & ucx::kRequestSharedJob;
     job.request.resend = h.flags & ucx::kRequestResend;
+    job.request.compression = (h.flags & ucx::kRequestZstd)  ? FrameCodec::kZstd
+                              : (h.flags & ucx::kRequestLz4) ? FrameCodec::kLz4
+                                                             : FrameCodec::kNone;
     job.request.delivered_seq = h.delivered_seq;
     job.eager_small = h.flags & ucx::kRequestEagerSmallReplies;
     const auto* acks = static_cast<const uint8_t*>(header) + sizeof(RequestHeader) + h.token_len;

@@ -446,7 +446,7 @@ class UcxClient {
 
   // Decodes the batch blob in `buffer` (see ucx_protocol.h) in place.
   static absl::Status DecodeBatch(const std::shared_ptr<SlotPool::Buffer>& buffer, size_t size,
-                                  ElementResult* r) {
+                                  uint64_t max_element_bytes, ElementResult* r) {
     const uint8_t* data = buffer->data;
     ucx::BatchHeader bh;
     if (size < sizeof(bh)) return BadReply("batch shorter than its header");
@@ -463,7 +463,8 @@ class UcxClient {
       if (e.offset % 64 != 0 || e.offset > size || e.size > size - e.offset) {
         return BadReply(absl::StrCat("batch entry ", i, " lies outside the ", size, "-byte batch"));
       }
-      auto decoded = DecodeFrame(data + e.offset, e.size, buffer);
+      auto decoded = DecodeFrame(data + e.offset, e.size, buffer, max_element_bytes);
+      if (absl::IsResourceExhausted(decoded.status())) return decoded.status();
       if (!decoded.ok()) return BadReply(decoded.status().message());
       r->elements.push_back(std::move(decoded->element));
       r->positions.push_back({e.split_id, e.split_index,
@@ -477,7 +478,7 @@ class UcxClient {
     ElementResult r;
     const size_t received = p->header_bytes + p->data_size;
     if (p->kind == ucx::kReplyBatch) {
-      absl::Status s = DecodeBatch(p->buffer, p->data_size, &r);
+      absl::Status s = DecodeBatch(p->buffer, p->data_size, p->max_element_bytes, &r);
       if (!s.ok()) return Complete(p, s);
     } else {
       size_t frame_size = received;
@@ -486,7 +487,8 @@ class UcxClient {
         frame_size = p->header_bytes + ucx::AlignUp64(p->data_size);
         std::memset(p->buffer->data + received, 0, frame_size - received);
       }
-      auto decoded = DecodeFrame(p->buffer->data, frame_size, p->buffer);
+      auto decoded = DecodeFrame(p->buffer->data, frame_size, p->buffer, p->max_element_bytes);
+      if (absl::IsResourceExhausted(decoded.status())) return Complete(p, decoded.status());
       if (!decoded.ok()) return Complete(p, BadReply(decoded.status().message()));
       r.elements.push_back(std::move(decoded->element));
       r.positions.push_back(p->position);
@@ -679,6 +681,8 @@ class UcxElementTransport final : public ElementTransport {
     h.client_id = request.client_id;
     h.delivered_seq = request.delivered_seq;
     if (request.resend) h.flags |= ucx::kRequestResend;
+    if (request.compression == FrameCodec::kLz4) h.flags |= ucx::kRequestLz4;
+    if (request.compression == FrameCodec::kZstd) h.flags |= ucx::kRequestZstd;
     h.token_len = static_cast<uint16_t>(token_.size());
     h.ack_count = static_cast<uint16_t>(std::min(request.acks.size(), kMaxAcksPerRequest));
     std::string tail = token_;

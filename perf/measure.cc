@@ -30,7 +30,11 @@ double SecondsSince(Clock::time_point t0) {
 double CpuSeconds(const timeval& tv) { return tv.tv_sec + tv.tv_usec * 1e-6; }
 
 Dataset WorkloadDataset(const ClientOptions& o) {
-  const char* udf = o.workload == "burn" ? "perf_burn" : "perf_payload";
+  const std::string udf = o.workload == "burn"    ? "perf_burn"
+                          : o.workload == "ints"  ? "perf_ints"
+                          : o.workload == "text"  ? "perf_text"
+                          : o.workload == "noise" ? "perf_noise"
+                                                  : "perf_payload";
   Dataset ds = Dataset::FromTensors({Element{Tensor::Scalar<int64_t>(o.arg)}})
                    .Repeat(-1)
                    .Map(Udf(udf));
@@ -46,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Iterator>> Open(const ClientOptions& o, int64_t o
   d.data_transfer_protocol = o.protocol;
   d.fallback_to_grpc = false;  // measure the path asked for, or fail
   d.max_outstanding_requests = outstanding;
+  d.compression = o.compression;
   Dataset ds = WorkloadDataset(o).Apply(Distribute(d));
   SLUICE_RETURN_IF_ERROR(ds.status());
   return ds.MakeIterator();
@@ -100,6 +105,7 @@ absl::StatusOr<Record> RunClient(const ClientOptions& o) {
       SLUICE_RETURN_IF_ERROR(NextPayloadBytes(*it).status());
     }
     const TransportStats ts0 = GetTransportStats();
+    const int64_t wire0 = GetDataServiceStats().bytes_received;
     rusage ru0{};
     getrusage(RUSAGE_SELF, &ru0);
     const Clock::time_point t0 = Clock::now();
@@ -114,6 +120,7 @@ absl::StatusOr<Record> RunClient(const ClientOptions& o) {
     rusage ru1{};
     getrusage(RUSAGE_SELF, &ru1);
     const TransportStats ts1 = GetTransportStats();
+    r["wire_bytes"] = absl::StrCat(GetDataServiceStats().bytes_received - wire0);
     r["elements"] = absl::StrCat(elements);
     r["bytes"] = absl::StrCat(bytes);
     r["seconds"] = absl::StrCat(seconds);

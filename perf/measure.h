@@ -25,7 +25,10 @@ struct ClientOptions {
   // "burn": FromTensors({N}).Repeat().Map(perf_burn) -> N rounds of CPU work each.
   // "fresh": the payload workload followed by Map(x + 0): a new uint8[S]
   // tensor computed per element on the worker.
+  // "ints", "text", "noise": S bytes of int64 counters, English text,
+  // random bytes (perf_ints, perf_text, perf_noise; `compression`).
   std::string workload = "payload";
+  std::string compression = "none";  // DistributeOptions::compression
   int64_t arg = 0;                 // S (bytes) or N (rounds)
   int64_t max_outstanding_requests = 8;
   int64_t warmup_elements = 10;

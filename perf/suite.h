@@ -144,6 +144,17 @@ struct TransportArgs {
 };
 absl::Status RunTransport(const TransportArgs& args, const std::string& command);
 
+// `compression` (perf/compression.cc): codecs x payload kinds x transports.
+struct CompressionArgs {
+  CommonArgs common;
+  int64_t size = 0;  // element bytes; 0: 1 MiB
+  double seconds = 0;  // timed pass per row; 0: 0.5 quick, 2
+  std::vector<std::string> transports = {"grpc", "ucx-tcp"};
+  std::vector<std::string> workloads = {"ints", "text", "noise"};
+  std::vector<std::string> codecs = {"none", "lz4", "zstd"};
+};
+absl::Status RunCompression(const CompressionArgs& args, const std::string& command);
+
 struct DispatcherArgs {
   CommonArgs common;
   std::string dispatcher_binary;  // empty: next to sluice-perf or in the build tree

@@ -433,7 +433,8 @@ const std::vector<Field<DistributeOptions>>& DistributeFields() {
       SLUICE_FIELD_(O, consumer_index), SLUICE_FIELD_(O, num_consumers),
       SLUICE_FIELD_(O, dispatcher_timeout_ms), SLUICE_FIELD_(O, tls),
       SLUICE_FIELD_(O, auth_token), SLUICE_FIELD_(O, max_element_bytes),
-      SLUICE_FIELD_(O, stall_warning_ms), SLUICE_FIELD_(O, cuda_pinned)};
+      SLUICE_FIELD_(O, stall_warning_ms), SLUICE_FIELD_(O, cuda_pinned),
+      SLUICE_FIELD_(O, compression)};
   return *f;
 }
 
@@ -974,7 +975,7 @@ library's message) when the step is invalid. Iterating starts a new pass.)doc");
      "C++ DistributeOptions (job_name, max_outstanding_requests, target_workers, "
      "data_transfer_protocol, fallback_to_grpc, numa_node, cpu_list, gpu_pci_bus_id, "
      "consumer_index, num_consumers, dispatcher_timeout_ms, tls, auth_token, "
-     "max_element_bytes, stall_warning_ms, cuda_pinned).");
+     "max_element_bytes, stall_warning_ms, cuda_pinned, compression).");
 
   // ---- inspection ----
   d.def("cardinality", &Dataset::Cardinality,

@@ -22,6 +22,7 @@ PACKAGES=(
   zlib1g-dev
   libturbojpeg0-dev libpng-dev          # sluice::image decode (dataset/image.cc)
   libarchive-dev        # WebDataset tar shards (dataset/webdataset.cc)
+  liblz4-dev libzstd-dev  # wire compression of element frames (core/frame.cc)
   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest  # python/ module and its tests
   python3-torch python3-torchvision python3-pil    # sluice.torch, sluice-perf images' DataLoader side
   gnuplot-nox

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sluice/core/status.h"
+
 namespace sluice::internal {
 
 WorkerCore::WorkerCore(std::function<void(const TaskRunner&)> on_finished)
@@ -49,6 +51,11 @@ absl::StatusOr<ServedBatch> WorkerCore::Serve(const ElementRequest& req) {
     return batch.status();
   }
   if (batch->end_of_sequence) ReportFinished(*task);
+  // Compressed copies for this reply; the task keeps the frames as they
+  // were for redelivery.
+  for (FrameBuffer& f : batch->frames) {
+    SLUICE_RETURN_IF_ERROR(CompressServedFrame(req.compression, &f));
+  }
   elements_served_ += static_cast<int64_t>(batch->frames.size());
   for (const auto& f : batch->frames) bytes_served_ += static_cast<int64_t>(f.frame_size());
   return batch;

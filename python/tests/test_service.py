@@ -159,3 +159,12 @@ def test_a_service_iterator_cannot_save_yet(service):
     # The iterator reads on: together the same elements as a whole pass.
     assert sorted([first] + ints(it)) == sorted(ints(ds))
 
+
+
+def test_compression_option_delivers_the_same_elements(service):
+    ds = sluice.Dataset.range(2000).batch(500)
+    for codec in ["none", "lz4", "zstd", "AUTO"]:
+        got = [np.asarray(e) for e in ds.distribute(service=service.target, compression=codec)]
+        assert sorted(int(v) for b in got for v in b) == sorted(list(range(2000)) * 2)
+    with pytest.raises(ValueError, match="compression must be AUTO, none, lz4 or zstd"):
+        ds.distribute(service=service.target, compression="snappy")

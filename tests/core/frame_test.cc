@@ -598,15 +598,17 @@ TEST(FrameCorruptTest, BadVersion) {
 }
 
 TEST(FrameCorruptTest, UnknownFlags) {
-  for (uint16_t flags : {uint16_t{4}, uint16_t{5}, uint16_t{0x8000}, uint16_t{0xffff}}) {
+  for (uint16_t flags : {uint16_t{0x10}, uint16_t{0x11}, uint16_t{0x8000}, uint16_t{0xffff}}) {
     Bytes b = SmallFrame();
     Put<uint16_t>(b, 6, flags);
     EXPECT_STATUS(DecodeCopy(b), kInvalid, "unknown flags 0x");
     EXPECT_STATUS(ParseFrameHeader(b.data(), b.size()), kInvalid, "unknown flags");
   }
   Bytes b = SmallFrame();
-  Put<uint16_t>(b, 6, 4);
-  EXPECT_STATUS(DecodeCopy(b), kInvalid, "unknown flags 0x4");
+  Put<uint16_t>(b, 6, 0x10);
+  EXPECT_STATUS(DecodeCopy(b), kInvalid, "unknown flags 0x10");
+  Put<uint16_t>(b, 6, kFrameLz4 | kFrameZstd);
+  EXPECT_STATUS(DecodeCopy(b), kInvalid, "two codecs flagged");
   // The encoder refuses to write what the decoder would reject.
   Element e = {Tensor::Scalar<int32_t>(1)};
   EXPECT_STATUS(EncodeFrame(e, uint16_t{4}), kInvalid, "unknown frame flags 0x4");
@@ -987,6 +989,104 @@ TEST(FrameFuzzTest, InterestingValuesInEveryHeaderPosition) {
     }
   }
   EXPECT_GT(failed, 0);
+}
+
+}  // namespace
+}  // namespace sluice
+
+// ---- compressed frames ----
+
+namespace sluice {
+namespace {
+
+// A frame of `e` compressed with `codec` (the test fails when it does not
+// compress), and its decoding.
+std::optional<OwnedFrame> Compressed(const Element& e, FrameCodec codec, uint16_t flags = 0) {
+  auto f = EncodeFrame(e, flags);
+  EXPECT_OK(f.status());
+  if (!f.ok()) return std::nullopt;
+  auto layout = ParseFrameHeader(f->data.get(), f->size);
+  EXPECT_OK(layout.status());
+  auto data = FramePayloadDataBytes(f->data.get(), layout->header_size);
+  EXPECT_OK(data.status());
+  auto c = CompressFrame(f->data.get(), layout->header_size, f->data.get() + layout->header_size,
+                         *data, codec);
+  EXPECT_OK(c.status());
+  return c.ok() ? *std::move(c) : std::nullopt;
+}
+
+TEST(FrameCompressionTest, CompressibleElementsRoundTripWithBothCodecs) {
+  std::vector<int64_t> range(100000);
+  for (size_t i = 0; i < range.size(); ++i) range[i] = static_cast<int64_t>(i);
+  std::string text;
+  while (text.size() < 50000) text += "the quick brown fox jumps over the lazy dog ";
+  const Element e = {Tensor::FromVector<int64_t>(range), Tensor::Scalar<float>(2.5f),
+                     Tensor::Strings({text, "", "x"})};
+  auto plain = EncodeFrame(e);
+  ASSERT_OK(plain.status());
+  for (FrameCodec codec : {FrameCodec::kLz4, FrameCodec::kZstd}) {
+    SCOPED_TRACE(FrameCodecName(codec));
+    auto c = Compressed(e, codec, kFrameEndOfSequence);
+    ASSERT_TRUE(c.has_value()) << "did not compress";
+    EXPECT_LT(c->size, plain->size / 2);
+    auto d = DecodeFrame(c->data.get(), c->size, c->data);
+    ASSERT_OK(d.status());
+    EXPECT_TRUE(ElementsEqual(d->element, e));
+    EXPECT_EQ(d->flags, kFrameEndOfSequence);  // the codec's flag is the decoder's business
+    // Decoded tensors are 64-byte aligned, in memory of their own.
+    for (const Tensor& t : d->element) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % kFrameAlignment, 0u);
+    }
+  }
+  EXPECT_FALSE(Compressed(e, FrameCodec::kNone).has_value());
+}
+
+TEST(FrameCompressionTest, IncompressibleOrTinyPayloadsAreSentAsTheyAre) {
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> noise(20000);
+  for (auto& v : noise) v = static_cast<int64_t>(rng());
+  EXPECT_FALSE(Compressed({Tensor::FromVector<int64_t>(noise)}, FrameCodec::kLz4).has_value());
+  EXPECT_FALSE(Compressed({Tensor::FromVector<int64_t>(noise)}, FrameCodec::kZstd).has_value());
+  EXPECT_FALSE(Compressed({Tensor::Scalar<int64_t>(0)}, FrameCodec::kZstd).has_value());
+}
+
+// Every damaged compressed frame is an error, never a crash or a bad element.
+TEST(FrameCompressionTest, DamagedCompressedFramesAreInvalidArgument) {
+  std::vector<int32_t> v(50000, 3);
+  const Element e = {Tensor::FromVector<int32_t>(v)};
+  for (FrameCodec codec : {FrameCodec::kLz4, FrameCodec::kZstd}) {
+    SCOPED_TRACE(FrameCodecName(codec));
+    auto c = Compressed(e, codec);
+    ASSERT_TRUE(c.has_value());
+    const Bytes whole(c->data.get(), c->data.get() + c->size);
+    const size_t h = ParseFrameHeader(whole.data(), whole.size())->header_size;
+    // Truncated (the frame size no longer matches), then with its frame size
+    // patched so the short payload reaches the codec.
+    for (size_t cut : {h + 1, whole.size() - 1}) {
+      Bytes b(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(cut));
+      EXPECT_EQ(DecodeCopy(b).code(), kInvalid);
+      Put<uint64_t>(b, 16, b.size());
+      EXPECT_STATUS(DecodeCopy(b), kInvalid, "decompress");
+    }
+    // Garbage in the compressed bytes.
+    Bytes garbage = whole;
+    for (size_t i = h; i < garbage.size(); ++i) garbage[i] ^= 0x5a;
+    EXPECT_EQ(DecodeCopy(garbage).code(), kInvalid);
+    // A header that promises more than the payload holds, and a hostile size.
+    Bytes bigger = whole;
+    Put<uint64_t>(bigger, kFrameFixedHeaderSize + 16, v.size() * 4 + 64);
+    EXPECT_STATUS(DecodeCopy(bigger), kInvalid, "decompress");
+    Bytes hostile = whole;
+    Put<uint64_t>(hostile, kFrameFixedHeaderSize + 16, uint64_t{1} << 40);
+    EXPECT_STATUS(DecodeCopy(hostile), kInvalid, "payload bytes");
+    // The receiver's bound holds for the decompressed element.
+    EXPECT_STATUS(DecodeFrame(whole.data(), whole.size(), nullptr, v.size() * 4),
+                  absl::StatusCode::kResourceExhausted, "once decompressed");
+    EXPECT_OK(DecodeFrame(whole.data(), whole.size(), nullptr, v.size() * 4 + 4096).status());
+    // Compressed frames never travel in parts.
+    EXPECT_STATUS(DecodeFrameParts(whole.data(), h, whole.data() + h, whole.size() - h, nullptr),
+                  kInvalid, "compressed frame arrived in parts");
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -78,6 +79,9 @@ class ConformanceTest : public ::testing::TestWithParam<std::string> {
       auto f = internal::EncodeServedFrame(e, server_->frame_allocator());
       if (!f.ok()) return f.status();
       f->position = p;
+      // As a worker does (WorkerCore::Serve): what the request asked for.
+      absl::Status compressed = internal::CompressServedFrame(r.compression, &*f);
+      if (!compressed.ok()) return compressed;
       out.frames.push_back(*std::move(f));
       return absl::OkStatus();
     };
@@ -156,6 +160,45 @@ class ConformanceTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<ElementServer> server_;
   std::unique_ptr<ElementTransport> transport_;
 };
+
+// A request asking for a codec gets compressible elements compressed (fewer
+// bytes on the wire) and incompressible ones as they are; either way the
+// client's elements are bit-exact, split frames (large single tensors)
+// included.
+TEST_P(ConformanceTest, CompressedRepliesArriveBitExactInFewerBytes) {
+  std::vector<int64_t> range(600000);  // 4.8 MB: served as a split frame
+  for (size_t i = 0; i < range.size(); ++i) range[i] = static_cast<int64_t>(i);
+  std::string text;
+  while (text.size() < 200000) text += "sluice moves input pipelines off the trainer ";
+  elements_.push_back({Tensor::FromVector<int64_t>(range)});
+  elements_.push_back({Tensor::Strings({text, "x"}), Tensor::Scalar<int32_t>(7)});
+  std::mt19937 rng(5);
+  std::vector<uint8_t> noise(100000);
+  for (auto& b : noise) b = static_cast<uint8_t>(rng());
+  elements_.push_back({Tensor::FromVector<uint8_t>(noise)});  // incompressible
+  std::vector<size_t> plain_bytes;
+  for (FrameCodec codec : {FrameCodec::kNone, FrameCodec::kLz4, FrameCodec::kZstd}) {
+    SCOPED_TRACE(FrameCodecName(codec));
+    for (size_t i = 0; i < elements_.size(); ++i) {
+      SCOPED_TRACE(i);
+      ElementRequest req;
+      req.task_id = static_cast<int64_t>(i);
+      req.wait = absl::ZeroDuration();
+      req.compression = codec;
+      ASSERT_OK_AND_ASSIGN(ElementResult r, sluice_test::WithHangGuard(
+                                                [&] { return transport_->GetElement(req); }));
+      ASSERT_EQ(r.elements.size(), 1u);
+      EXPECT_TRUE(ElementsEqual(r.elements[0], elements_[i]));
+      if (codec == FrameCodec::kNone) {
+        plain_bytes.push_back(r.bytes);
+      } else if (i < 2) {
+        EXPECT_LT(r.bytes, plain_bytes[i] * 3 / 4) << "compressible, yet not compressed";
+      } else {
+        EXPECT_EQ(r.bytes, plain_bytes[i]) << "incompressible: sent as it is";
+      }
+    }
+  }
+}
 
 TEST_P(ConformanceTest, TheServerAndTransportNameTheirProtocol) {
   EXPECT_EQ(server_->protocol(), GetParam());

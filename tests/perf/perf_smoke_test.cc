@@ -64,6 +64,13 @@ long Field(const std::string& row, const std::string& key) {
   return std::stol(m[1]);
 }
 
+// A number field (a JSON double such as 0.004 or 4.1e-03); -1 if absent.
+double FieldDouble(const std::string& row, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(row, m, std::regex("\"" + key + "\":(-?[0-9.eE+-]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
 TEST(PerfSmokeTest, TransportReportsOneRowPerSizeAndTransport) {
   const std::string json = Scratch("transport.json");
   std::string out;
@@ -301,6 +308,33 @@ TEST(PerfSmokeTest, ImagesReadFromWebDatasetShards) {
     EXPECT_EQ(Field(torch[0], "images"), 24) << torch[0];
   }
   EXPECT_THAT(out, ::testing::HasSubstr("WebDataset(shard-*.tar"));
+}
+
+// One row per transport, kind and codec; text shrinks on the wire with lz4,
+// random bytes do not.
+TEST(PerfSmokeTest, CompressionReportsEveryRowAndTheWireBytes) {
+  const std::string json = Scratch("compression.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("compression --quick --seconds 0.2 --size 262144 "
+                                      "--transports grpc,ucx-tcp --workloads text,noise "
+                                      "--codecs none,lz4 --json '", json, "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  EXPECT_EQ(Rows(text, "\"transport\":\"").size(), 8u) << text;
+  auto wire = [&](const std::string& row) {
+    auto rows = Rows(text, row);
+    EXPECT_EQ(rows.size(), 1u) << row << " in " << text;
+    return rows.empty() ? -1.0 : FieldDouble(rows[0], "wire_bytes_per_payload_byte");
+  };
+  for (const char* t : {"grpc", "ucx-tcp"}) {
+    const std::string p = absl::StrCat("\"transport\":\"", t, "\",\"workload\":\"");
+    EXPECT_LT(wire(p + "text\",\"codec\":\"lz4\""), 0.1);
+    EXPECT_GT(wire(p + "text\",\"codec\":\"none\""), 0.9);
+    EXPECT_GT(wire(p + "noise\",\"codec\":\"lz4\""), 0.9);
+  }
+  EXPECT_THAT(out, ::testing::HasSubstr("client cpu s/GB"));
 }
 
 TEST(PerfSmokeTest, JpegCorpusIsDeterministicAndChecksItsArguments) {
