@@ -32,10 +32,10 @@ absl::StatusOr<std::vector<WebDatasetFieldSpec>> ParseWebDatasetFields(
     return absl::InvalidArgumentError("WebDataset: name at least one field (\"jpg\", \"cls\")");
   }
   std::vector<WebDatasetFieldSpec> out;
+  std::vector<std::string> seen;  // lower case, as members' fields compare
   for (size_t i = 0; i < fields.size(); ++i) {
     const std::string f = absl::AsciiStrToLower(fields[i]);
-    if (std::find(fields.begin(), fields.begin() + static_cast<std::ptrdiff_t>(i), fields[i]) !=
-        fields.begin() + static_cast<std::ptrdiff_t>(i)) {
+    if (std::find(seen.begin(), seen.end(), f) != seen.end()) {
       return absl::InvalidArgumentError(absl::StrCat("WebDataset: field '", fields[i],
                                                      "' is named twice"));
     }
@@ -53,6 +53,7 @@ absl::StatusOr<std::vector<WebDatasetFieldSpec>> ParseWebDatasetFields(
       }
     }
     out.push_back(std::move(spec));
+    seen.push_back(f);
   }
   return out;
 }

@@ -115,6 +115,9 @@ TEST(WebDatasetTest, BadFieldsAreInvalidArgumentWhenBuilt) {
                 "name at least one field");
   EXPECT_STATUS(Dataset::WebDataset("/x/*.tar", {"jpg", "jpg"}).status(),
                 absl::StatusCode::kInvalidArgument, "'jpg' is named twice");
+  // Fields compare in lower case, as members' do.
+  EXPECT_STATUS(Dataset::WebDataset("/x/*.tar", {"jpg", "JPG"}).status(),
+                absl::StatusCode::kInvalidArgument, "'JPG' is named twice");
   EXPECT_STATUS(Dataset::WebDataset("/x/*.tar", {"jpg;"}).status(),
                 absl::StatusCode::kInvalidArgument, "is not an extension");
   EXPECT_STATUS(Dataset::WebDataset("/x/*.tar", {".jpg"}).status(),
