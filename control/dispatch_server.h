@@ -39,7 +39,7 @@ struct DispatcherConfig {
   // elements (FromTensors: one element per split).
   int64_t range_split_elements = 32;
   // distributed_epoch: a ListFiles source is split into runs of this many
-  // files; 0 (default): one split per 256 files listed, 1 to 64 files each
+  // files; 0 (default): one split per 256 files listed, 1 to 256 files each
   // (SplitProvider::AutoFileRun).
   int64_t file_split_files = 0;
   // How often garbage collection is checked (timeouts are checked at least

@@ -697,6 +697,7 @@ DispatcherImpl::PollFn DispatcherImpl::GetSplitPoll(const proto::GetSplitRequest
       if (a->created()) a->mutable_split()->set_split_id(NewIdLocked());
       SLUICE_RETURN_IF_ERROR(RecordLocked(assign));
       *resp->mutable_split() = a->split();
+      it.splits->NameFiles(resp->mutable_split());
       return absl::OkStatus();
     }
     if (!resp->not_ready() || shutdown_ || step->timed_out || clock_() >= deadline) {

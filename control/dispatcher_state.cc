@@ -90,7 +90,9 @@ absl::Status DispatcherState::CreateIteration(const proto::CreateIterationUpdate
   it.job_id = u.job_id();
   it.repetition = u.repetition();
   it.finished = u.finished();
-  if (u.has_splits()) it.splits = std::make_unique<SplitProvider>(u);
+  if (u.has_splits()) {
+    SLUICE_ASSIGN_OR_RETURN(it.splits, SplitProvider::Create(u));
+  }
   if (!iterations_.emplace(it.id, std::move(it)).second) {
     return absl::AlreadyExistsError(absl::StrCat("iteration ", u.iteration_id(), " exists"));
   }

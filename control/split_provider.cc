@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
+#include "sluice/core/compress.h"
 #include "sluice/dataset/dataset_internal.h"
 
 namespace sluice::internal {
@@ -31,8 +32,61 @@ absl::Status SplitProvider::Describe(const proto::DatasetNode& source,
     u->set_split_elements(
         plan->multi_position_splits ? std::max<int64_t>(1, range_split_elements) : 1);
   }
-  for (std::string& f : plan->files) u->add_files(std::move(f));
+  if (!plan->files.empty()) {
+    std::string joined;
+    for (const std::string& f : plan->files) {
+      joined += f;
+      joined += '\0';
+    }
+    u->set_packed_files(ZstdCompress(joined));
+  }
   return absl::OkStatus();
+}
+
+namespace {
+
+// A listing unpacks to at most this (a listing of 100 M long paths).
+constexpr uint64_t kMaxListingBytes = uint64_t{16} << 30;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SplitProvider>> SplitProvider::Create(
+    const proto::CreateIterationUpdate& u) {
+  if (u.packed_files().empty()) {
+    if (u.files_size() > 0 && u.files_size() != u.positions()) {
+      return absl::DataLossError(absl::StrCat("iteration ", u.iteration_id(), " lists ",
+                                              u.files_size(), " files for ", u.positions(),
+                                              " positions"));
+    }
+    return std::make_unique<SplitProvider>(u);
+  }
+  absl::StatusOr<std::string> joined = ZstdDecompress(u.packed_files(), kMaxListingBytes);
+  if (!joined.ok()) {
+    return absl::DataLossError(absl::StrCat("iteration ", u.iteration_id(),
+                                            ": its packed file listing: ",
+                                            joined.status().message()));
+  }
+  std::vector<std::string> files;
+  files.reserve(static_cast<size_t>(std::max<int64_t>(0, u.positions())));
+  size_t start = 0;
+  while (start < joined->size()) {
+    const size_t end = joined->find('\0', start);
+    if (end == std::string::npos) {
+      return absl::DataLossError(absl::StrCat(
+          "iteration ", u.iteration_id(), ": its packed file listing ends inside a name"));
+    }
+    files.emplace_back(*joined, start, end - start);
+    start = end + 1;
+  }
+  if (static_cast<int64_t>(files.size()) != u.positions()) {
+    return absl::DataLossError(absl::StrCat("iteration ", u.iteration_id(), " packs ",
+                                            files.size(), " files for ", u.positions(),
+                                            " positions"));
+  }
+  auto p = std::make_unique<SplitProvider>(u);
+  p->files_ = std::move(files);
+  p->packed_files_ = u.packed_files();
+  return p;
 }
 
 SplitProvider::SplitProvider(const proto::CreateIterationUpdate& u)
@@ -44,7 +98,11 @@ void SplitProvider::DescribeTo(proto::CreateIterationUpdate* u) const {
   u->set_has_splits(true);
   u->set_positions(positions_);
   u->set_split_elements(split_elements_);
-  for (const std::string& f : files_) u->add_files(f);
+  if (!packed_files_.empty()) {
+    u->set_packed_files(packed_files_);
+  } else {
+    for (const std::string& f : files_) u->add_files(f);
+  }
 }
 
 bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* resp,
@@ -67,17 +125,10 @@ bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* r
     def->set_epoch(epoch);
     const int64_t begin = e.next_position;
     const int64_t end = std::min(positions_, begin + split_elements_);
-    // A file split carries its files and their positions in the sorted
-    // list (what seeds random functions on its elements: SourceKey).
+    // A file split is its positions in the sorted list (what seeds random
+    // functions on its elements: SourceKey); NameFiles adds the names.
     def->set_begin(begin);
     def->set_end(end);
-    if (!files_.empty()) {
-      if (end - begin == 1) {
-        def->set_file(files_[begin]);
-      } else {
-        for (int64_t p = begin; p < end; ++p) def->add_files(files_[p]);
-      }
-    }
     assign->set_created(true);
     assign->set_next_position(end);
     return true;
@@ -88,6 +139,19 @@ bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* r
     resp->set_not_ready(true);  // others hold the rest: one may be lost
   }
   return false;
+}
+
+void SplitProvider::NameFiles(proto::SplitProto* def) const {
+  def->clear_file();
+  def->clear_files();
+  if (files_.empty()) return;
+  const int64_t begin = std::clamp<int64_t>(def->begin(), 0, positions_);
+  const int64_t end = std::clamp<int64_t>(def->end(), begin, positions_);
+  if (end - begin == 1) {
+    def->set_file(files_[static_cast<size_t>(begin)]);
+  } else {
+    for (int64_t p = begin; p < end; ++p) def->add_files(files_[static_cast<size_t>(p)]);
+  }
 }
 
 void SplitProvider::Report(int64_t task, bool lost, const proto::GetSplitRequest& req,

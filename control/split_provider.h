@@ -22,12 +22,14 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "control/journal.pb.h"
 #include "dataset/dataset.pb.h"
 #include "rpc/service.pb.h"
@@ -51,17 +53,24 @@ class SplitProvider {
   // for ListFiles, the files as listed now. A split holds
   // range_split_elements positions of a Range, file_split_files files of a
   // ListFiles (0: AutoFileRun of the number listed), one FromTensors
-  // element. NotFound / Unavailable when the files cannot be listed here.
+  // element. The files go into packed_files. NotFound / Unavailable when
+  // the files cannot be listed here.
   static absl::Status Describe(const proto::DatasetNode& source, int64_t range_split_elements,
                                int64_t file_split_files, proto::CreateIterationUpdate* u);
-  // The files per split when not configured: one split per 256 files, at
-  // least 1 and at most 64 files (a small corpus still spreads over many
-  // workers; ImageNet's 1.28 M files take 20,000 GetSplit calls an epoch,
-  // not 1.28 M).
+  // The files per split when not configured: about 256 splits for a small
+  // listing (a small corpus still spreads over many workers), runs of 256
+  // files from 65,536 files on (ImageNet's 1.28 M files take 5,000
+  // GetSplit calls an epoch, not 1.28 M).
   static int64_t AutoFileRun(int64_t files) {
-    return std::clamp<int64_t>(files / 256, 1, 64);
+    return std::clamp<int64_t>(files / 256, 1, kMaxAutoFileRun);
   }
-  // The provider `u` describes (has_splits).
+  static constexpr int64_t kMaxAutoFileRun = 256;
+  // The provider `u` describes (has_splits), its files listed in `files`
+  // or packed in `packed_files`. DataLoss when the packed listing does not
+  // unpack, or when the files listed are not `positions`.
+  static absl::StatusOr<std::unique_ptr<SplitProvider>> Create(
+      const proto::CreateIterationUpdate& u);
+  // The provider of an update whose files (if any) are listed in `files`.
   explicit SplitProvider(const proto::CreateIterationUpdate& u);
   // Writes what the constructor reads back into `u`.
   void DescribeTo(proto::CreateIterationUpdate* u) const;
@@ -73,6 +82,11 @@ class SplitProvider {
   // its remaining splits). Sets resp->epoch_had_splits either way.
   bool Next(int64_t task, int64_t epoch, proto::GetSplitResponse* resp,
             proto::AssignSplitUpdate* assign) const;
+  // A file split handed to a worker names its files (positions [begin,
+  // end) of the listing; `file` when it has one): what the worker reads.
+  // Splits are journaled and snapshotted without the names, which the
+  // listing already holds. No-op for other sources.
+  void NameFiles(proto::SplitProto* def) const;
   // Policy: adds to `rec` what a GetSplit request of `task` reports: the
   // splits it completed (of those it holds), and, when it fetches and
   // `reports_held` (and was not `lost`), the splits it holds here but did
@@ -113,6 +127,7 @@ class SplitProvider {
   int64_t positions_ = 0;          // source positions per epoch (files: count)
   int64_t split_elements_ = 1;     // positions per split
   std::vector<std::string> files_;  // ListFiles: the matched files, sorted
+  std::string packed_files_;        // files_ packed, when they came packed
   std::map<int64_t, Epoch> epochs_;
   int64_t done_below_ = 0;  // every epoch below this has completed
   std::map<int64_t, OpenSplit> open_;

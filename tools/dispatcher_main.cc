@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--file_split_files", c.file_split_files,
                  "distributed_epoch: files per split of a ListFiles source (0: one split per "
-                 "256 files, 1 to 64 files each)")
+                 "256 files, 1 to 256 files each)")
       ->capture_default_str();
   app.add_option("--metrics_port", c.metrics_port,
                  "serve Prometheus metrics at http://BIND_ADDRESS:PORT/metrics; 0 picks a free "

@@ -2116,6 +2116,43 @@ TEST_F(JournalTest, DistributedEpochSplitsSurviveRestartsExactlyOnce) {
   for (int v = 0; v < 100; ++v) EXPECT_EQ(covered[v], 1) << "position " << v;
 }
 
+// ListFiles runs across restarts and compactions: the journal holds the
+// listing once, packed, and splits as positions; every reply still names
+// its files, a split handed out again after a lost reply included.
+TEST_F(JournalTest, FileRunsAreNamedFromTheJournaledListingAfterRestarts) {
+  config_.file_split_files = 2;
+  Open();
+  const std::string files = dir_ + "_files";
+  std::filesystem::create_directories(files);
+  for (int i = 0; i < 7; ++i) std::ofstream(files + "/f" + std::to_string(i)) << i;
+  auto name = [&](int i) { return files + "/f" + std::to_string(i); };
+  ASSERT_OK(WorkerHb(kW1).status());
+  ASSERT_OK_AND_ASSIGN(std::string ds, Register(Dataset::ListFiles(files + "/f*").def()));
+  ASSERT_OK_AND_ASSIGN(int64_t job, Job(ds, "", proto::DISTRIBUTED_EPOCH));
+  ASSERT_OK(Iteration(job).status());
+  ASSERT_OK_AND_ASSIGN(auto hb, WorkerHb(kW1));
+  const int64_t task = hb.new_tasks(0).task_id();
+  ASSERT_OK_AND_ASSIGN(auto lost, Fetch(kW1, task, {}));  // never reaches the worker
+  EXPECT_THAT(lost.split().files(), ::testing::ElementsAre(name(0), name(1)));
+  Restart();  // replayed
+  ASSERT_OK_AND_ASSIGN(auto a, Fetch(kW1, task, {}));
+  EXPECT_EQ(a.split().split_id(), lost.split().split_id());
+  EXPECT_THAT(a.split().files(), ::testing::ElementsAre(name(0), name(1)));
+  Restart();  // compacted
+  ASSERT_OK_AND_ASSIGN(auto b, Fetch(kW1, task, {a.split().split_id()}));
+  EXPECT_THAT(b.split().files(), ::testing::ElementsAre(name(2), name(3)));
+  std::filesystem::remove_all(files);  // the listing is the journal's, not the disk's
+  Restart();
+  ASSERT_OK_AND_ASSIGN(auto c, Fetch(kW1, task, {b.split().split_id()}, {a.split().split_id()}));
+  EXPECT_THAT(c.split().files(), ::testing::ElementsAre(name(4), name(5)));
+  ASSERT_OK_AND_ASSIGN(auto d, Fetch(kW1, task, {c.split().split_id()}, {b.split().split_id()}));
+  EXPECT_EQ(d.split().file(), name(6));  // one file: `file`, as before runs
+  EXPECT_EQ(d.split().files_size(), 0);
+  ASSERT_OK_AND_ASSIGN(auto end,
+                       Fetch(kW1, task, {}, {c.split().split_id(), d.split().split_id()}));
+  EXPECT_TRUE(end.end_of_splits());
+}
+
 // A split handed out whose reply never arrived (the dispatcher died before
 // sending it) is handed out again once the task's next fetch lacks it.
 TEST_F(JournalTest, SplitWhoseReplyWasLostIsHandedOutAgain) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -39,7 +40,9 @@ class SplitProviderTest : public ::testing::Test {
     if (!p.Next(task, epoch, &resp_, &a)) return std::nullopt;
     if (a.created()) a.mutable_split()->set_split_id(next_id_++);
     EXPECT_OK(p.Assign(a));
-    return a.split();
+    proto::SplitProto handed = a.split();
+    p.NameFiles(&handed);
+    return handed;
   }
   proto::GetSplitResponse resp_;
   int64_t next_id_ = 100;
@@ -99,29 +102,76 @@ TEST_F(SplitProviderTest, FileSplitsAreRunsOfFilesCarryingTheirNames) {
   EXPECT_EQ(c->end(), 5);
   EXPECT_EQ(c->file(), "/d/e");
   EXPECT_THAT(c->files(), IsEmpty());
+  // What is journaled and snapshotted is the positions, not the names.
+  for (const auto& [id, open] : p.open()) {
+    EXPECT_TRUE(open.def.file().empty()) << id;
+    EXPECT_THAT(open.def.files(), IsEmpty()) << id;
+  }
 }
 
-// ListFiles: runs of file_split_files files, or one split per 256 files
-// listed (1 to 64 files) when it is 0.
+// ListFiles: runs of file_split_files files, or about 256 splits and at
+// most 256 files a split when it is 0. The listing is packed (zstd), and a
+// provider made from it hands out the files' names.
 TEST_F(SplitProviderTest, DescribesAListFilesSourceInRunsOfFiles) {
   EXPECT_EQ(SplitProvider::AutoFileRun(10), 1);
   EXPECT_EQ(SplitProvider::AutoFileRun(600), 2);
-  EXPECT_EQ(SplitProvider::AutoFileRun(1'281'167), 64);
+  EXPECT_EQ(SplitProvider::AutoFileRun(60'000), 234);
+  EXPECT_EQ(SplitProvider::AutoFileRun(200'000), 256);
+  EXPECT_EQ(SplitProvider::AutoFileRun(1'281'167), 256);
   sluice_test::TempDir dir;
   for (int i = 0; i < 600; ++i) std::ofstream(dir.File(absl::StrCat("f", 1000 + i))) << i;
   const proto::DatasetNode source = Dataset::ListFiles(dir.path() + "/f*").def().root();
   proto::CreateIterationUpdate automatic, fixed;
   ASSERT_OK(SplitProvider::Describe(source, 4, 0, &automatic));
   EXPECT_EQ(automatic.positions(), 600);
-  EXPECT_EQ(automatic.files_size(), 600);
+  EXPECT_EQ(automatic.files_size(), 0);
+  EXPECT_GT(automatic.packed_files().size(), 0u);
+  EXPECT_LT(automatic.packed_files().size(), 600u * dir.File("f1000").size() / 4);
   EXPECT_EQ(automatic.split_elements(), 2);
   ASSERT_OK(SplitProvider::Describe(source, 4, 7, &fixed));
   EXPECT_EQ(fixed.split_elements(), 7);
-  SplitProvider p(fixed);
-  auto first = Take(p, 1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SplitProvider> p, SplitProvider::Create(fixed));
+  auto first = Take(*p, 1);
   ASSERT_TRUE(first);
   ASSERT_EQ(first->files_size(), 7);
+  EXPECT_EQ(first->files(0), dir.File("f1000"));
   EXPECT_EQ(first->files(6), dir.File("f1006"));
+  // A snapshot writes the listing as it came, packed.
+  proto::CreateIterationUpdate again;
+  p->DescribeTo(&again);
+  EXPECT_EQ(again.packed_files(), fixed.packed_files());
+  EXPECT_EQ(again.files_size(), 0);
+}
+
+// A journal written before packing lists the files as they are.
+TEST_F(SplitProviderTest, CreatesAProviderFromAListingAsItIs) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SplitProvider> p,
+                       SplitProvider::Create(Plan(3, 2, {"/d/a", "/d/b", "/d/c"})));
+  auto a = Take(*p, 1);
+  ASSERT_TRUE(a);
+  EXPECT_THAT(a->files(), ElementsAre("/d/a", "/d/b"));
+}
+
+TEST_F(SplitProviderTest, ABadListingIsDataLossNotACrash) {
+  sluice_test::TempDir dir;
+  for (int i = 0; i < 5; ++i) std::ofstream(dir.File(absl::StrCat("f", i))) << i;
+  proto::CreateIterationUpdate u;
+  ASSERT_OK(SplitProvider::Describe(Dataset::ListFiles(dir.path() + "/f*").def().root(), 4, 0,
+                                    &u));
+  // Fewer positions than files listed.
+  proto::CreateIterationUpdate fewer = u;
+  fewer.set_positions(4);
+  EXPECT_EQ(SplitProvider::Create(fewer).status().code(), absl::StatusCode::kDataLoss);
+  // Bytes that are not zstd, and a frame cut short.
+  proto::CreateIterationUpdate garbage = u;
+  garbage.set_packed_files("not zstd at all");
+  EXPECT_EQ(SplitProvider::Create(garbage).status().code(), absl::StatusCode::kDataLoss);
+  proto::CreateIterationUpdate cut = u;
+  cut.set_packed_files(u.packed_files().substr(0, u.packed_files().size() - 3));
+  EXPECT_EQ(SplitProvider::Create(cut).status().code(), absl::StatusCode::kDataLoss);
+  // A plain listing of the wrong length.
+  EXPECT_EQ(SplitProvider::Create(Plan(3, 1, {"/d/a"})).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST_F(SplitProviderTest, ALostTasksSplitsAreHandedOutFirstInOrder) {
