@@ -1,11 +1,15 @@
-// A sluice service for one measurement: an in-process dispatcher and
-// worker processes (the sluice-worker binary) on 127.0.0.1, ports chosen
-// at run time. The dispatcher lives in sluice-perf because it does almost
-// nothing during a measurement and uses no UCX; workers are processes so
-// that the measuring client's CPU time is its own.
+// A sluice service for one measurement: a dispatcher and worker processes
+// (the sluice-worker binary) on 127.0.0.1, ports chosen at run time. The
+// dispatcher lives in sluice-perf unless asked otherwise, because it does
+// almost nothing during most measurements and uses no UCX; workers are
+// processes so that the measuring client's CPU time is its own. Suites that
+// measure the dispatcher (dispatcher, files) run it as a sluice-dispatcher
+// process: its CPU, disk writes and metrics are then its own.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +19,25 @@
 #include "sluice/control/dispatch_server.h"
 
 namespace sluice::perf {
+
+// A sluice-dispatcher process: fault-tolerant (journal under work_dir),
+// serving its Prometheus metrics.
+struct DispatcherProcess {
+  std::unique_ptr<ChildProcess> child;
+  int port = 0;
+  int metrics_port = 0;
+  std::string work_dir;
+  std::string address() const;  // "127.0.0.1:PORT"
+};
+// Starts `binary` with `extra_args` added to the flags above; its log and
+// journal are under `scratch_dir`, named after `name`.
+absl::StatusOr<DispatcherProcess> StartDispatcherProcess(
+    const std::string& binary, const std::string& scratch_dir, const std::string& name,
+    const std::vector<std::string>& extra_args = {});
+// GET http://127.0.0.1:port/metrics, parsed as "name value" lines (empty
+// when it cannot be read).
+std::map<std::string, double> ReadMetrics(int port);
+double Metric(const std::map<std::string, double>& m, const std::string& name, double fallback);
 
 struct ClusterOptions {
   int num_workers = 1;
@@ -27,6 +50,10 @@ struct ClusterOptions {
   std::vector<std::pair<std::string, std::string>> env;
   std::string scratch_dir;  // worker logs and port files
   std::string name;         // prefixes the log file names
+  // Non-empty: the dispatcher is this sluice-dispatcher binary in its own
+  // process (StartDispatcherProcess), with these flags added.
+  std::string dispatcher_binary;
+  std::vector<std::string> dispatcher_args;
 };
 
 class Cluster {
@@ -38,7 +65,11 @@ class Cluster {
   Cluster& operator=(const Cluster&) = delete;
 
   // DistributeOptions::service.
-  std::string target() const { return dispatcher_->target(); }
+  std::string target() const;
+  // The dispatcher's process; null when it runs in this process.
+  const DispatcherProcess* dispatcher_process() const {
+    return dispatcher_process_.has_value() ? &*dispatcher_process_ : nullptr;
+  }
   // Fails if a worker has exited (it should serve until killed).
   absl::Status CheckWorkersAlive();
   // The worker processes' ids (-1 for one already reaped), to read their
@@ -51,7 +82,8 @@ class Cluster {
 
  private:
   Cluster() = default;
-  std::unique_ptr<DispatchServer> dispatcher_;
+  std::unique_ptr<DispatchServer> dispatcher_;  // or:
+  std::optional<DispatcherProcess> dispatcher_process_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
 };
 

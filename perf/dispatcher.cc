@@ -68,74 +68,6 @@ double MsSince(SteadyClock::time_point start) {
 
 // ---- the dispatcher process ---------------------------------------------------
 
-struct DispatcherProcess {
-  std::unique_ptr<ChildProcess> child;
-  int port = 0;
-  int metrics_port = 0;
-  std::string work_dir;
-};
-
-absl::StatusOr<DispatcherProcess> StartDispatcher(const std::string& binary,
-                                                  const ScratchDir& scratch,
-                                                  const std::string& name) {
-  DispatcherProcess d;
-  d.work_dir = scratch.File(name + "-journal");
-  const std::string port_file = scratch.File(name + ".port");
-  d.child = std::make_unique<ChildProcess>(name, scratch.File(name + ".log"));
-  SLUICE_RETURN_IF_ERROR(d.child->Start(
-      binary, {"--port", "0", "--port_file", port_file, "--fault_tolerant_mode", "--work_dir",
-               d.work_dir, "--metrics_port", "0"},
-      {{"SLUICE_LOG_LEVEL", "info"}}));
-  SLUICE_ASSIGN_OR_RETURN(d.port, WaitForPortFile(*d.child, port_file, absl::Seconds(30)));
-  // The metrics endpoint's port, from the line the dispatcher logs when it
-  // starts serving ("metrics at http://HOST:PORT/metrics").
-  const std::string log = d.child->LogTail(1 << 16);
-  const size_t at = log.find("/metrics");
-  const size_t colon = at == std::string::npos ? std::string::npos : log.rfind(':', at);
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(log.substr(colon + 1, at - colon - 1), &d.metrics_port)) {
-    d.metrics_port = 0;
-  }
-  if (d.metrics_port == 0) {
-    return absl::InternalError(
-        absl::StrCat("the dispatcher did not log its metrics port: ", d.child->LogTail()));
-  }
-  return d;
-}
-
-// GET http://127.0.0.1:port/metrics, parsed as "name value" lines.
-std::map<std::string, double> ReadMetrics(int port) {
-  std::map<std::string, double> out;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return out;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string text;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[16384];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-    double v = 0;
-    if (f.size() == 2 && absl::SimpleAtod(f[1], &v)) out[std::string(f[0])] = v;
-  }
-  return out;
-}
-
-double Metric(const std::map<std::string, double>& m, const std::string& name, double fallback) {
-  auto it = m.find(name);
-  return it == m.end() ? fallback : it->second;
-}
-
 // What the dispatcher process did over a window.
 struct Usage {
   double cpu_s = 0;
@@ -677,7 +609,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
     row.error = OneLine(s);
     return row;
   };
-  auto d = StartDispatcher(binary, scratch, absl::StrCat("rate-", op, "-", callers));
+  auto d = StartDispatcherProcess(binary, scratch.path(), absl::StrCat("rate-", op, "-", callers));
   if (!d.ok()) return fail(d.status());
   auto stubs = MakeStubs(d->port, std::min(callers, 16));
   auto stub_for = [&](int c) { return stubs[static_cast<size_t>(c) % stubs.size()].get(); };
@@ -837,12 +769,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
 
 absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) {
   const bool quick = a.common.quick;
-  const std::string dir = SelfDir();
-  SLUICE_ASSIGN_OR_RETURN(
-      const std::string binary,
-      Locate("the sluice-dispatcher binary", "--dispatcher_binary", a.dispatcher_binary,
-             {dir + "/sluice-dispatcher", dir + "/../tools/sluice-dispatcher",
-              SLUICE_PERF_BUILD_DISPATCHER}));
+  SLUICE_ASSIGN_OR_RETURN(const std::string binary, LocateDispatcherBinary(a.dispatcher_binary));
   FleetOptions fo;
   fo.workers = a.workers > 0 ? a.workers : quick ? 200 : 2000;
   fo.consumers = a.consumers > 0 ? a.consumers : quick ? 200 : 2000;
@@ -895,7 +822,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     std::string last_error;
   } fr;
   if (!a.no_fleet) {
-    auto d = StartDispatcher(binary, scratch, "fleet");
+    auto d = StartDispatcherProcess(binary, scratch.path(), "fleet");
     if (!d.ok()) {
       fr.error = OneLine(d.status());
     } else {

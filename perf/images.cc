@@ -329,20 +329,7 @@ absl::StatusOr<Record> RunImagesChild(const ImagesClientOptions& o,
     args.insert(args.end(), {"--worker_pids", absl::StrJoin(o.worker_pids, ",")});
   }
   if (!o.webdataset.empty()) args.insert(args.end(), {"--webdataset", o.webdataset});
-  ChildProcess child(name, scratch.File(name + ".log"));
-  SLUICE_RETURN_IF_ERROR(child.Start(SelfPath(), args, env));
-  absl::StatusOr<int> st = child.Wait(absl::Seconds(timeout_s));
-  if (!st.ok()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(name, ": did not finish within ", timeout_s, " s; log:\n", child.LogTail()));
-  }
-  if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0) {
-    return absl::InternalError(
-        absl::StrCat(name, ": ", DescribeWaitStatus(*st), "; log:\n", child.LogTail()));
-  }
-  Record r = ParseRecord(ReadWholeFile(out));
-  if (r.empty()) return absl::InternalError(absl::StrCat(name, ": wrote no results"));
-  return r;
+  return RunRecordChild(args, env, out, scratch, name, timeout_s);
 }
 
 struct TorchOutcome {

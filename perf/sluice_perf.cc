@@ -5,6 +5,8 @@
 //   sluice-perf engine    [--quick] [--json out.json]
 //   sluice-perf images    [--quick] [--corpus DIR] [--json out.json]
 //   sluice-perf dispatcher [--quick] [--workers N] [--consumers N] [--jobs N] [--json out.json]
+//   sluice-perf files     [--quick] [--files N] [--file_split_files 0,1] [--json out.json]
+//   sluice-perf compression [--quick] [--json out.json]
 //
 // transport: one client pulls pre-built elements (perf_payload) of each size
 // from worker processes over ucx (UCX_TLS=tcp), ucx (shared memory) and
@@ -19,6 +21,9 @@
 // Distribute, next to torchvision's DataLoader on the same corpus:
 // images/s, CPU per image and peak RSS summed over every process.
 //
+// files: distributed_epoch over a corpus of many small files (ImageFolder +
+// ReadFile) beside the same pipeline locally, with the dispatcher's splits,
+// CPU and journal bytes per epoch (files.cc).
 // dispatcher: one sluice-dispatcher process (fault-tolerant, journal on
 // disk) against a simulated fleet of workers and consumers in this process
 // using the real RPCs (dispatcher.cc), and calls/s of the hot RPCs.
@@ -237,6 +242,55 @@ int Main(int argc, char** argv) {
   dispatcher->add_flag("--no_rates", da.no_rates, "skip the calls/s rows");
   dispatcher->add_flag("--no_fleet", da.no_fleet, "skip the fleet simulation");
 
+  FilesArgs fa;
+  CLI::App* files = app.add_subcommand(
+      "files", "distributed_epoch over many small files beside the same pipeline locally: "
+      "files/s, and the dispatcher's splits, CPU and journal bytes per epoch");
+  AddCommonOptions(files, &fa.common);
+  files->add_option("--corpus", fa.corpus,
+                    "folder of the corpus, made there when missing, empty or made with other "
+                    "sizes (default: cached under $TMPDIR)");
+  files->add_option("--files", fa.files, "files of the corpus (default 200000; 20000 quick)")
+      ->check(CLI::PositiveNumber);
+  files->add_option("--file_bytes", fa.file_bytes, "bytes of each file")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{8}, int64_t{1} << 30));
+  files->add_option("--classes", fa.classes, "class folders")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  files->add_option("--workers", fa.workers, "worker processes")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  files->add_option("--file_split_files", fa.file_split_files,
+                    "the dispatcher's --file_split_files, a row each (0: its automatic runs)")
+      ->delimiter(',')
+      ->capture_default_str();
+  files->add_option("--epochs", fa.epochs, "epochs a row (default 2; files/s over all but the "
+                    "first)")
+      ->check(CLI::Range(1, 1000));
+  files->add_option("--transport", fa.transport, "ucx-tcp, ucx-shm or grpc")
+      ->capture_default_str();
+  files->add_option("--shm_tls", fa.shm_tls, "UCX_TLS of ucx-shm")->capture_default_str();
+  files->add_option("--max_outstanding_requests", fa.max_outstanding,
+                    "the client's max_outstanding_requests")
+      ->capture_default_str();
+  files->add_option("--dispatcher_binary", fa.dispatcher_binary,
+                    "sluice-dispatcher to run (default: next to sluice-perf or in the build tree)");
+
+  // Internal: one row of `files` (see files.cc).
+  FilesClientOptions fo;
+  std::string files_out;
+  CLI::App* files_client = app.add_subcommand("files-client", "");
+  files_client->group("");
+  files_client->add_option("--corpus", fo.corpus)->required();
+  files_client->add_option("--files", fo.files)->required();
+  files_client->add_option("--file_bytes", fo.file_bytes)->required();
+  files_client->add_option("--epochs", fo.epochs);
+  files_client->add_option("--service", fo.service);
+  files_client->add_option("--protocol", fo.protocol);
+  files_client->add_option("--max_outstanding_requests", fo.max_outstanding);
+  files_client->add_option("--out", files_out)->required();
+
   // Internal: one sluice row of `images` (see images.cc).
   ImagesClientOptions io;
   std::string images_out;
@@ -283,6 +337,9 @@ int Main(int argc, char** argv) {
   if (client->parsed()) {
     absl::StatusOr<Record> r = RunClient(co);
     s = r.ok() ? WriteFile(out, FormatRecord(*r)) : r.status();
+  } else if (files_client->parsed()) {
+    absl::StatusOr<Record> r = RunFilesClient(fo);
+    s = r.ok() ? WriteFile(files_out, FormatRecord(*r)) : r.status();
   } else if (images_client->parsed()) {
     absl::StatusOr<Record> r = RunImagesClient(io);
     s = r.ok() ? WriteFile(images_out, FormatRecord(*r)) : r.status();
@@ -293,6 +350,7 @@ int Main(int argc, char** argv) {
         : images->parsed()  ? RunImages(ia, command)
         : dispatcher->parsed() ? RunDispatcher(da, command)
         : compression->parsed() ? RunCompression(ca, command)
+        : files->parsed() ? RunFiles(fa, command)
                             : RunPipeline(pa, command);
   }
   if (!s.ok()) {

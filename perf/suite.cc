@@ -115,6 +115,13 @@ absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
   return b;
 }
 
+absl::StatusOr<std::string> LocateDispatcherBinary(const std::string& flag) {
+  const std::string dir = SelfDir();
+  return Locate("the sluice-dispatcher binary", "--dispatcher_binary", flag,
+                {dir + "/sluice-dispatcher", dir + "/../tools/sluice-dispatcher",
+                 SLUICE_PERF_BUILD_DISPATCHER});
+}
+
 absl::StatusOr<std::string> LocatePythonPackageDir(const std::string& flag) {
   if (!flag.empty()) {
     if (access((flag + "/sluice/__init__.py").c_str(), R_OK) != 0) {
@@ -235,20 +242,26 @@ absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpe
       "--max_bytes", absl::StrCat(o.max_bytes), "--max_seconds", absl::StrCat(o.max_seconds),
       "--latency_elements", absl::StrCat(o.latency_elements), "--latency_seconds",
       absl::StrCat(o.latency_seconds), "--plugin", o.plugin, "--out", out};
+  return RunRecordChild(args, ChildEnv(t), out, scratch, name, timeout_s);
+}
+
+absl::StatusOr<Record> RunRecordChild(const std::vector<std::string>& args,
+                                      const std::vector<std::pair<std::string, std::string>>& env,
+                                      const std::string& out, const ScratchDir& scratch,
+                                      const std::string& name, double timeout_s) {
   ChildProcess child(name, scratch.File(name + ".log"));
-  SLUICE_RETURN_IF_ERROR(child.Start(SelfPath(), args, ChildEnv(t)));
+  SLUICE_RETURN_IF_ERROR(child.Start(SelfPath(), args, env));
   absl::StatusOr<int> st = child.Wait(absl::Seconds(timeout_s));
   if (!st.ok()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(name, ": the client did not finish within ", timeout_s, " s; log:\n",
-                     child.LogTail()));
+    return absl::DeadlineExceededError(absl::StrCat(name, ": did not finish within ", timeout_s,
+                                                    " s; log:\n", child.LogTail()));
   }
   if (!WIFEXITED(*st) || WEXITSTATUS(*st) != 0) {
-    return absl::InternalError(absl::StrCat(name, ": the client ", DescribeWaitStatus(*st),
-                                            "; log:\n", child.LogTail()));
+    return absl::InternalError(
+        absl::StrCat(name, ": ", DescribeWaitStatus(*st), "; log:\n", child.LogTail()));
   }
   Record r = ParseRecord(ReadWholeFile(out));
-  if (r.empty()) return absl::InternalError(absl::StrCat(name, ": the client wrote no results"));
+  if (r.empty()) return absl::InternalError(absl::StrCat(name, ": wrote no results"));
   return r;
 }
 

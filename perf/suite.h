@@ -36,6 +36,9 @@ struct Binaries {
 // The flags when set, else next to sluice-perf, the build tree or an installed lib/.
 absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
                                         const std::string& plugin_flag);
+// sluice-dispatcher: `flag` (--dispatcher_binary) when set, else next to
+// sluice-perf or in the build tree.
+absl::StatusOr<std::string> LocateDispatcherBinary(const std::string& flag);
 
 // The directory holding the `sluice` Python package (the PYTHONPATH of a
 // Python child): `flag` when set, else an installed
@@ -82,6 +85,14 @@ ClusterOptions ClusterFor(const Binaries& bin, const CommonArgs& common, const T
 absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpec& t,
                                       const ScratchDir& scratch, const std::string& name,
                                       double timeout_s);
+
+// Runs this executable with `args` (an internal subcommand that writes its
+// Record to `out`) in a child process logging to `name`.log under
+// `scratch`, and returns the record; the error carries the child's log.
+absl::StatusOr<Record> RunRecordChild(const std::vector<std::string>& args,
+                                      const std::vector<std::pair<std::string, std::string>>& env,
+                                      const std::string& out, const ScratchDir& scratch,
+                                      const std::string& name, double timeout_s);
 
 absl::Status WriteFile(const std::string& path, const std::string& text);
 
@@ -154,6 +165,40 @@ struct CompressionArgs {
   std::vector<std::string> codecs = {"none", "lz4", "zstd"};
 };
 absl::Status RunCompression(const CompressionArgs& args, const std::string& command);
+
+// `files` (perf/files.cc): distributed_epoch over a corpus of many small
+// files, against the same pipeline locally, with the dispatcher's splits,
+// CPU and journal bytes per epoch.
+struct FilesArgs {
+  CommonArgs common;
+  std::string corpus;       // empty: cached under $TMPDIR by its sizes
+  int64_t files = 0;        // 0: 200,000 (20,000 quick)
+  int64_t file_bytes = 4096;
+  int64_t classes = 100;
+  int workers = 2;
+  std::vector<int64_t> file_split_files = {0, 1};  // the dispatcher's, one row each
+  int epochs = 0;           // 0: 2
+  std::string transport = "ucx-tcp";
+  std::string shm_tls = kDefaultShmTls;
+  int64_t max_outstanding = 8;
+  std::string dispatcher_binary;  // empty: next to sluice-perf or in the build tree
+};
+absl::Status RunFiles(const FilesArgs& args, const std::string& command);
+
+// One row of `files`, in a child process (`sluice-perf files-client`):
+// `epochs` epochs of the pipeline, locally (service empty) or through
+// Distribute (distributed_epoch), each checked to be the corpus exactly.
+struct FilesClientOptions {
+  std::string corpus;
+  int64_t files = 0;
+  int64_t file_bytes = 0;
+  int epochs = 2;
+  std::string service;  // empty: local
+  std::string protocol = "ucx";
+  int64_t max_outstanding = 8;
+};
+// epoch<E>_s for each epoch, files_per_epoch, cpu_s (this process, all epochs).
+absl::StatusOr<Record> RunFilesClient(const FilesClientOptions& options);
 
 struct DispatcherArgs {
   CommonArgs common;

@@ -337,6 +337,47 @@ TEST(PerfSmokeTest, CompressionReportsEveryRowAndTheWireBytes) {
   EXPECT_THAT(out, ::testing::HasSubstr("client cpu s/GB"));
 }
 
+// `files`: a local row and one distributed_epoch row per --file_split_files,
+// each epoch checked to be the corpus exactly, with the dispatcher's splits
+// per epoch; a corpus that lost a file fails the rows instead of reporting
+// a rate.
+TEST(PerfSmokeTest, FilesReportsSplitsPerEpochAndChecksEveryEpoch) {
+  const std::string corpus = Scratch("files_corpus");
+  const std::string json = Scratch("files.json");
+  const std::string args =
+      absl::StrCat("files --quick --files 600 --classes 4 --file_bytes 64 --epochs 2 "
+                   "--file_split_files 0,1 --corpus '", corpus, "' --json '", json, "'");
+  std::string out;
+  ASSERT_EQ(RunPerf(args, &out), 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  ASSERT_EQ(Rows(text, "\"row\":\"").size(), 3u) << text;
+  auto row = [&](int split_files) {
+    auto rows = Rows(text, absl::StrCat("\"file_split_files\":", split_files, ","));
+    EXPECT_EQ(rows.size(), 1u) << text;
+    return rows.empty() ? std::string() : rows[0];
+  };
+  // 600 files: the automatic run is 600 / 256 = 2 files, so 300 splits an
+  // epoch; one file a split is 600.
+  EXPECT_EQ(FieldDouble(row(0), "splits_per_epoch"), 300) << text;
+  EXPECT_EQ(FieldDouble(row(1), "splits_per_epoch"), 600) << text;
+  EXPECT_GT(FieldDouble(row(0), "files_per_s"), 0) << text;
+  EXPECT_GT(FieldDouble(row(-1), "files_per_s"), 0) << text;
+  // The journal records the splits, not the listing with each of them.
+  EXPECT_GT(FieldDouble(row(0), "journal_records_per_epoch"), 300) << text;
+  EXPECT_THAT(out, ::testing::HasSubstr("targets not checked"));
+
+  // A file gone from the corpus: every row fails, naming what it got.
+  ASSERT_EQ(std::system(absl::StrCat("rm -f '", corpus, "/c0001/f00000005.bin'").c_str()), 0);
+  ASSERT_NE(RunPerf(args, &out), 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("599 files"));
+  EXPECT_THAT(out, ::testing::HasSubstr("FAILED"));
+  std::system(absl::StrCat("rm -rf '", corpus, "'").c_str());
+
+  ASSERT_NE(RunPerf("files --file_split_files -1", &out), 0);
+  EXPECT_THAT(out, ::testing::HasSubstr("--file_split_files -1"));
+}
+
 TEST(PerfSmokeTest, JpegCorpusIsDeterministicAndChecksItsArguments) {
   const std::string a = Scratch("corpus_a"), b = Scratch("corpus_b");
   auto make = [](const std::string& args, std::string* output) {
