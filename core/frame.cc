@@ -310,7 +310,8 @@ namespace {
 // its own and decoded from there.
 absl::StatusOr<DecodedFrame> DecodeCompressed(const uint8_t* data, size_t size,
                                               const FrameLayout& layout,
-                                              uint64_t max_decoded_bytes) {
+                                              uint64_t max_decoded_bytes,
+                                              const DecompressAllocator& alloc) {
   const size_t h = layout.header_size;
   auto data_bytes = FramePayloadDataBytes(data, h);
   if (!data_bytes.ok()) return data_bytes.status();
@@ -322,7 +323,9 @@ absl::StatusOr<DecodedFrame> DecodeCompressed(const uint8_t* data, size_t size,
         "at most ", max_decoded_bytes, " (DistributeOptions::max_element_bytes)"));
   }
   // The header as an uncompressed frame's, followed by the payload area.
-  std::shared_ptr<uint8_t> buf = AllocateAligned(h + std::max<size_t>(area, 1), /*zeroed=*/false);
+  const size_t bytes = h + std::max<size_t>(area, 1);
+  std::shared_ptr<uint8_t> buf = alloc ? alloc(bytes) : nullptr;
+  if (buf == nullptr) buf = AllocateAligned(bytes, /*zeroed=*/false);
   if (buf == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", h + area, " bytes to decompress a frame"));
@@ -365,7 +368,8 @@ absl::StatusOr<DecodedFrame> DecodeCompressed(const uint8_t* data, size_t size,
 
 absl::StatusOr<DecodedFrame> DecodeFrame(const uint8_t* data, size_t size,
                                          std::shared_ptr<const void> owner,
-                                         uint64_t max_decoded_bytes) {
+                                         uint64_t max_decoded_bytes,
+                                         const DecompressAllocator& alloc) {
   auto layout = ParseFrameHeader(data, size);
   if (!layout.ok()) return layout.status();
   if (layout->frame_size() != size) {
@@ -373,7 +377,7 @@ absl::StatusOr<DecodedFrame> DecodeFrame(const uint8_t* data, size_t size,
                                 " present", size < layout->frame_size() ? " (truncated)" : ""));
   }
   if (layout->flags & (kFrameLz4 | kFrameZstd)) {
-    return DecodeCompressed(data, size, *layout, max_decoded_bytes);
+    return DecodeCompressed(data, size, *layout, max_decoded_bytes, alloc);
   }
   return DecodeFrameParts(data, layout->header_size, data + layout->header_size,
                           layout->payload_size, std::move(owner));

@@ -48,6 +48,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -113,14 +114,21 @@ struct DecodedFrame {
   Element element;
 };
 
+// Memory of at least `bytes`, 64-byte aligned, for a frame to be
+// decompressed into (a receiver's registered arenas); null: none to spare
+// (the heap is used).
+using DecompressAllocator = std::function<std::shared_ptr<uint8_t>(size_t bytes)>;
+
 // Decodes a contiguous frame of exactly `size` bytes. The tensors view
 // `data`; `owner` keeps it alive. A compressed frame is decompressed into
-// memory of its own (the tensors view that); one that would decompress to
-// more than `max_decoded_bytes` is ResourceExhausted (a receiver's bound,
-// DistributeOptions::max_element_bytes, holds for what an element becomes).
+// memory of its own, from `alloc` when given and it has some (the tensors
+// view that); one that would decompress to more than `max_decoded_bytes`
+// is ResourceExhausted (a receiver's bound, DistributeOptions::
+// max_element_bytes, holds for what an element becomes).
 absl::StatusOr<DecodedFrame> DecodeFrame(const uint8_t* data, size_t size,
                                          std::shared_ptr<const void> owner,
-                                         uint64_t max_decoded_bytes = UINT64_MAX);
+                                         uint64_t max_decoded_bytes = UINT64_MAX,
+                                         const DecompressAllocator& alloc = nullptr);
 
 // Where the last component's payload ends in the payload area of the frame
 // whose header (header_size bytes) is at `header`: the bytes compression

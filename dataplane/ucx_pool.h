@@ -77,17 +77,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
     const size_t need = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     auto* buf = new Buffer();
     buf->size = bytes;
-    {
-      absl::MutexLock l(&mu_);
-      Arena* a = CarveLocked(need);
-      if (a != nullptr) {
-        buf->data = a->mem->data() + a->used;
-        buf->memh = a->mem->memh();
-        buf->arena = a;
-        a->used += need;
-        ++a->live;
-      }
-    }
+    CarveInto(buf, need);
     if (buf->arena == nullptr) {
       auto m = ucx::Memory::Allocate(ctx_, need);
       if (!m.ok()) {
@@ -99,11 +89,23 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
       buf->memh = buf->own->memh();
       stats_->dedicated++;
     }
-    int64_t used = ++stats_->in_use;
-    int64_t hw = stats_->high_water.load();
-    while (used > hw && !stats_->high_water.compare_exchange_weak(hw, used)) {
+    return Hand(buf);
+  }
+
+  // A buffer of at least `bytes` from an arena (registered, and pinned
+  // when the pool pins), or null when none has room within the cap: for
+  // memory that need not be registered (decompressed elements), which the
+  // caller then takes from the heap instead of registering a buffer.
+  std::shared_ptr<Buffer> TryAcquireInArena(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
+    const size_t need = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    auto* buf = new Buffer();
+    buf->size = bytes;
+    CarveInto(buf, need);
+    if (buf->arena == nullptr) {
+      delete buf;
+      return nullptr;
     }
-    return std::shared_ptr<Buffer>(buf, [pool = shared_from_this()](Buffer* b) { pool->Release(b); });
+    return Hand(buf);
   }
 
   // Pins every arena, those there now and those to come, once each.
@@ -137,6 +139,28 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   }
 
  private:
+  // Carves `need` bytes for `buf` from an arena when one has room (else
+  // leaves buf->arena null).
+  void CarveInto(Buffer* buf, size_t need) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    Arena* a = CarveLocked(need);
+    if (a == nullptr) return;
+    buf->data = a->mem->data() + a->used;
+    buf->memh = a->mem->memh();
+    buf->arena = a;
+    a->used += need;
+    ++a->live;
+  }
+
+  // `buf`, counted in use, owned by a shared_ptr that returns it.
+  std::shared_ptr<Buffer> Hand(Buffer* buf) {
+    int64_t used = ++stats_->in_use;
+    int64_t hw = stats_->high_water.load();
+    while (used > hw && !stats_->high_water.compare_exchange_weak(hw, used)) {
+    }
+    return std::shared_ptr<Buffer>(buf, [pool = shared_from_this()](Buffer* b) { pool->Release(b); });
+  }
+
   bool CurrentHasRoomLocked(size_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return current_ != nullptr && current_->used + need <= current_->mem->size();
   }

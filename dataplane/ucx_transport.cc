@@ -131,6 +131,7 @@ struct Pending {
   UcxEndpoint* endpoint = nullptr;   // while registered
   absl::Time deadline;
   std::shared_ptr<SlotPool::Buffer> buffer;
+  std::shared_ptr<SlotPool> pool;  // compressed frames decompress into its arenas
   uint16_t kind = 0;        // 0 (one frame), kReplySplitFrame or kReplyBatch
   size_t header_bytes = 0;  // split frame: the inline header in front
   size_t data_size = 0;     // bytes received after header_bytes
@@ -444,9 +445,23 @@ class UcxClient {
     return absl::DataLossError(absl::StrCat("worker sent a bad element: ", what));
   }
 
+  // Where a compressed frame of a reply decompresses: an arena of the
+  // receive pool (registered, CUDA-pinned when asked), as an uncompressed
+  // element lands; the heap when the pool has no room within its cap.
+  static DecompressAllocator ArenaDecompressor(const std::shared_ptr<SlotPool>& pool) {
+    if (pool == nullptr) return nullptr;
+    return [pool](size_t bytes) -> std::shared_ptr<uint8_t> {
+      std::shared_ptr<SlotPool::Buffer> b = pool->TryAcquireInArena(bytes);
+      if (b == nullptr) return nullptr;
+      uint8_t* data = b->data;
+      return std::shared_ptr<uint8_t>(std::move(b), data);
+    };
+  }
+
   // Decodes the batch blob in `buffer` (see ucx_protocol.h) in place.
   static absl::Status DecodeBatch(const std::shared_ptr<SlotPool::Buffer>& buffer, size_t size,
-                                  uint64_t max_element_bytes, ElementResult* r) {
+                                  uint64_t max_element_bytes, const DecompressAllocator& alloc,
+                                  ElementResult* r) {
     const uint8_t* data = buffer->data;
     ucx::BatchHeader bh;
     if (size < sizeof(bh)) return BadReply("batch shorter than its header");
@@ -463,7 +478,7 @@ class UcxClient {
       if (e.offset % 64 != 0 || e.offset > size || e.size > size - e.offset) {
         return BadReply(absl::StrCat("batch entry ", i, " lies outside the ", size, "-byte batch"));
       }
-      auto decoded = DecodeFrame(data + e.offset, e.size, buffer, max_element_bytes);
+      auto decoded = DecodeFrame(data + e.offset, e.size, buffer, max_element_bytes, alloc);
       if (absl::IsResourceExhausted(decoded.status())) return decoded.status();
       if (!decoded.ok()) return BadReply(decoded.status().message());
       r->elements.push_back(std::move(decoded->element));
@@ -477,8 +492,9 @@ class UcxClient {
   static void Decode(const std::shared_ptr<Pending>& p) {
     ElementResult r;
     const size_t received = p->header_bytes + p->data_size;
+    const DecompressAllocator alloc = ArenaDecompressor(p->pool);
     if (p->kind == ucx::kReplyBatch) {
-      absl::Status s = DecodeBatch(p->buffer, p->data_size, p->max_element_bytes, &r);
+      absl::Status s = DecodeBatch(p->buffer, p->data_size, p->max_element_bytes, alloc, &r);
       if (!s.ok()) return Complete(p, s);
     } else {
       size_t frame_size = received;
@@ -487,7 +503,8 @@ class UcxClient {
         frame_size = p->header_bytes + ucx::AlignUp64(p->data_size);
         std::memset(p->buffer->data + received, 0, frame_size - received);
       }
-      auto decoded = DecodeFrame(p->buffer->data, frame_size, p->buffer, p->max_element_bytes);
+      auto decoded =
+          DecodeFrame(p->buffer->data, frame_size, p->buffer, p->max_element_bytes, alloc);
       if (absl::IsResourceExhausted(decoded.status())) return Complete(p, decoded.status());
       if (!decoded.ok()) return Complete(p, BadReply(decoded.status().message()));
       r.elements.push_back(std::move(decoded->element));
@@ -561,6 +578,7 @@ class UcxClient {
       return drop();
     }
     p->buffer = *std::move(buffer);
+    p->pool = self->pool_;
     std::memcpy(p->buffer->data, inline_bytes, p->header_bytes);  // a frame header, not payload
     uint8_t* dest = p->buffer->data + p->header_bytes;
     if (!rndv) {

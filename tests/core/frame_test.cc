@@ -1041,6 +1041,35 @@ TEST(FrameCompressionTest, CompressibleElementsRoundTripWithBothCodecs) {
   EXPECT_FALSE(Compressed(e, FrameCodec::kNone).has_value());
 }
 
+// A receiver's allocator (its registered arenas) gets the decompressed
+// frame; one with nothing to spare (null) leaves it to the heap.
+TEST(FrameCompressionTest, DecompressesIntoTheReceiversMemoryWhenItHasSome) {
+  std::vector<int64_t> range(50000);
+  for (size_t i = 0; i < range.size(); ++i) range[i] = static_cast<int64_t>(i % 100);
+  const Element e = {Tensor::FromVector<int64_t>(range)};
+  auto c = Compressed(e, FrameCodec::kZstd);
+  ASSERT_TRUE(c.has_value());
+  std::shared_ptr<uint8_t> arena = AllocateAligned(size_t{1} << 20, /*zeroed=*/true);
+  std::vector<size_t> asked;
+  DecompressAllocator from_arena = [&](size_t bytes) -> std::shared_ptr<uint8_t> {
+    asked.push_back(bytes);
+    return bytes <= (size_t{1} << 20) ? arena : nullptr;
+  };
+  auto d = DecodeFrame(c->data.get(), c->size, c->data, UINT64_MAX, from_arena);
+  ASSERT_OK(d.status());
+  EXPECT_TRUE(ElementsEqual(d->element, e));
+  ASSERT_EQ(asked.size(), 1u);
+  const uint8_t* data = static_cast<const uint8_t*>(d->element[0].data());
+  EXPECT_GE(data, arena.get());
+  EXPECT_LE(data + d->element[0].byte_size(), arena.get() + asked[0]);
+  DecompressAllocator none = [](size_t) { return std::shared_ptr<uint8_t>(); };
+  d = DecodeFrame(c->data.get(), c->size, c->data, UINT64_MAX, none);
+  ASSERT_OK(d.status());
+  EXPECT_TRUE(ElementsEqual(d->element, e));
+  data = static_cast<const uint8_t*>(d->element[0].data());
+  EXPECT_TRUE(data < arena.get() || data >= arena.get() + (size_t{1} << 20));
+}
+
 TEST(FrameCompressionTest, IncompressibleOrTinyPayloadsAreSentAsTheyAre) {
   std::mt19937_64 rng(7);
   std::vector<int64_t> noise(20000);

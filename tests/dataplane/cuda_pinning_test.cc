@@ -97,6 +97,7 @@ struct Loop {
       internal::ServedBatch out;
       auto f = internal::EncodeServedFrame(elements.at(r.task_id), server->frame_allocator());
       if (!f.ok()) return f.status();
+      SLUICE_RETURN_IF_ERROR(internal::CompressServedFrame(r.compression, &*f));
       out.frames.push_back(*std::move(f));
       return out;
     };
@@ -104,11 +105,15 @@ struct Loop {
     SLUICE_ASSIGN_OR_RETURN(transport, ucx->connect(server->address(), {}));
     return absl::OkStatus();
   }
-  absl::StatusOr<Element> Get(int64_t task) {
+  // `received`: the bytes that crossed the wire.
+  absl::StatusOr<Element> Get(int64_t task, FrameCodec codec = FrameCodec::kNone,
+                              size_t* received = nullptr) {
     ElementRequest r;
     r.task_id = task;
+    r.compression = codec;
     SLUICE_ASSIGN_OR_RETURN(ElementResult got, transport->GetElement(r));
     if (got.elements.size() != 1) return absl::InternalError("expected one element");
+    if (received != nullptr) *received = got.bytes;
     return got.elements[0];
   }
   ~Loop() {
@@ -236,6 +241,62 @@ TEST(CudaCopyTest, AnElementsSlotStaysAliveUntilItsCopyCompleted) {
   }
   CompleteStream();
   EXPECT_EQ(GetTransportStats().pool_buffers_in_use, idle);
+}
+
+// Whether [p, p + bytes) lies in memory the fake runtime pinned.
+bool Pinned(const void* p, size_t bytes) {
+  absl::MutexLock l(&F().mu);
+  const auto* c = static_cast<const uint8_t*>(p);
+  for (const auto& [base, size] : F().registered) {
+    const auto* b = static_cast<const uint8_t*>(base);
+    if (c >= b && c + bytes <= b + size) return true;
+  }
+  return false;
+}
+
+// A compressed element decompresses into the receive pool's (pinned)
+// arenas, as an uncompressed one lands there: a GPU trainer copies it to
+// the device from page-locked memory either way.
+TEST(CudaPinningTest, ACompressedElementDecompressesIntoAPinnedArena) {
+  static const CudaRuntime rt = FakeRuntime();
+  internal::SetCudaRuntimeForTesting(&rt);
+  ASSERT_OK(PinUcxReceivePoolForCuda());
+  Loop loop;
+  std::vector<uint8_t> v(size_t{1} << 20);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i % 16);
+  loop.elements.push_back({Tensor::FromVector<uint8_t>(v)});
+  ASSERT_OK(loop.Start());
+  const int64_t idle = GetTransportStats().pool_buffers_in_use;
+  for (FrameCodec codec : {FrameCodec::kLz4, FrameCodec::kZstd}) {
+    SCOPED_TRACE(FrameCodecName(codec));
+    size_t received = 0;
+    ASSERT_OK_AND_ASSIGN(Element e, loop.Get(0, codec, &received));
+    EXPECT_LT(received, v.size() / 8) << "not compressed on the wire";
+    ASSERT_EQ(e[0].byte_size(), v.size());
+    EXPECT_EQ(std::memcmp(e[0].data(), v.data(), v.size()), 0);
+    EXPECT_TRUE(Pinned(e[0].data(), v.size())) << "decompressed outside the pinned arenas";
+    // The element holds its arena slot (the compressed reply's went back).
+    EXPECT_EQ(GetTransportStats().pool_buffers_in_use, idle + 1);
+  }
+  EXPECT_EQ(GetTransportStats().pool_buffers_in_use, idle);
+}
+
+// With no room in the pool within its cap, a compressed element
+// decompresses on the heap: never a buffer registered for it alone.
+TEST(CudaPinningTest, ACompressedElementPastThePoolsCapDecompressesOnTheHeap) {
+  ASSERT_OK(SetUcxReceivePoolBytes(size_t{1} << 20));  // less than an arena
+  Loop loop;
+  std::vector<uint8_t> v(size_t{2} << 20);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i % 7);
+  loop.elements.push_back({Tensor::FromVector<uint8_t>(v)});
+  ASSERT_OK(loop.Start());
+  const int64_t dedicated = GetTransportStats().dedicated_buffer_allocations;
+  ASSERT_OK_AND_ASSIGN(Element e, loop.Get(0, FrameCodec::kZstd));
+  ASSERT_EQ(e[0].byte_size(), v.size());
+  EXPECT_EQ(std::memcmp(e[0].data(), v.data(), v.size()), 0);
+  // One dedicated buffer received the compressed reply; none was made to
+  // decompress into.
+  EXPECT_EQ(GetTransportStats().dedicated_buffer_allocations, dedicated + 1);
 }
 
 TEST(CudaCopyTest, WithoutAHostFunctionItWaitsForTheStreamAndStringsAreRefused) {
