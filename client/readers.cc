@@ -428,6 +428,10 @@ PlannedRequest RoundReader::Request(ClientTask& t, int64_t round) {
   p.request.task_id = t.id;
   p.request.consumer_index = options_.consumer_index;
   p.request.round = round;
+  // Redelivery: every round below deliver_round_ is held here, so the
+  // worker may forget it; a round asked again (its reply was lost) comes
+  // back as it was.
+  p.request.delivered_seq = deliver_round_;
   p.request.compression = options_.compression;
   p.request.wait = options_.element_wait;
   p.request.max_bytes = kMaxBytesPerReply;

@@ -236,7 +236,7 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
 }
 
 absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t consumer_index,
-                                                 int64_t round) {
+                                                 int64_t round, int64_t delivered_round) {
   const int64_t consumers = def_.num_consumers();
   if (consumer_index < 0 || consumer_index >= consumers || round < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -245,6 +245,26 @@ absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t co
   }
   absl::MutexLock l(&mu_);
   ServedBatch out;
+  // Redelivery: forget what the consumer holds; answer a round it took
+  // again with the same element.
+  if (taken_rounds_.size() < static_cast<size_t>(consumers)) taken_rounds_.resize(consumers);
+  TakenRounds& taken = taken_rounds_[consumer_index];
+  while (!taken.frames.empty() && taken.frames.begin()->first < delivered_round) {
+    taken.bytes -= taken.frames.begin()->second.frame_size();
+    taken.frames.erase(taken.frames.begin());
+  }
+  taken.forgotten.erase(taken.forgotten.begin(), taken.forgotten.lower_bound(delivered_round));
+  if (auto again = taken.frames.find(round); again != taken.frames.end()) {
+    out.frames.push_back(again->second);
+    out.resent = true;
+    return out;
+  }
+  if (taken.forgotten.count(round)) {
+    return absl::DataLossError(absl::StrCat(
+        "task ", def_.task_id(), ": consumer ", consumer_index, " asked again for round ", round,
+        ", which it took but had not acknowledged, and the worker forgot it: over ",
+        kMaxRetainedBytes >> 20, " MiB of its rounds were unacknowledged"));
+  }
   auto take = [&](std::vector<std::optional<FrameBuffer>>& slots)
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<ServedBatch> {
     std::optional<FrameBuffer>& slot = slots[consumer_index];
@@ -255,6 +275,14 @@ absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t co
     }
     out.frames.push_back(*std::move(slot));
     slot.reset();
+    taken.bytes += out.frames.back().frame_size();
+    taken.frames.emplace(round, out.frames.back());
+    while (taken.bytes > kMaxRetainedBytes && taken.frames.size() > 1) {
+      taken.forgotten.insert(taken.frames.begin()->first);
+      if (taken.forgotten.size() > kClosedRoundsKept) taken.forgotten.erase(taken.forgotten.begin());
+      taken.bytes -= taken.frames.begin()->second.frame_size();
+      taken.frames.erase(taken.frames.begin());
+    }
     ++counters_.served_elements;
     counters_.served_bytes += static_cast<int64_t>(out.frames.back().frame_size());
     bool all_taken = std::none_of(slots.begin(), slots.end(),

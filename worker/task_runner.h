@@ -14,7 +14,10 @@
 // says it holds them (ElementRequest::delivered_seq, on every request), and
 // resends them when asked (ElementRequest::resend). What it keeps is bounded
 // by kMaxRetainedBytes per consumer; what it had to forget, it reports as
-// DataLoss when asked for, never as silence.
+// DataLoss when asked for, never as silence. Coordinated reads keep each
+// consumer's round elements the same way, by round, until its requests say
+// it holds every round below (ElementRequest::delivered_seq): a round
+// asked again after a lost reply gets the same element, resent.
 //
 // The buffer holds up to `buffer_elements` encoded elements; small ones may
 // run ahead further, up to kSmallBufferBytes of frames (at most
@@ -105,12 +108,16 @@ class TaskRunner {
   // round get their consumer's. Rounds may open in any order. At most
   // kMaxOpenRounds rounds are open (some consumer has not taken its
   // element) unless the round is below an open one: a consumer ahead waits
-  // for the slowest. A round asked for twice by one consumer, or one of the
-  // last kClosedRoundsKept closed, is FailedPrecondition; end_of_sequence
-  // once the dataset cannot fill a round.
+  // for the slowest. `delivered_round` (-1: says nothing): the consumer
+  // holds every round below it. A round the consumer took and does not
+  // hold yet is answered again with the same element (resent); one it
+  // holds, or one of the last kClosedRoundsKept closed it never took, is
+  // FailedPrecondition; one forgotten past kMaxRetainedBytes is DataLoss;
+  // end_of_sequence once the dataset cannot fill a round.
   static constexpr size_t kMaxOpenRounds = 16;
   absl::StatusOr<ServedBatch> GetRound(absl::Duration wait, int64_t consumer_index,
-                                       int64_t round) ABSL_LOCKS_EXCLUDED(mu_);
+                                       int64_t round, int64_t delivered_round = -1)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once the producer ended and every element was handed out, or the
   // task failed. Reported to the dispatcher as completed.
@@ -176,6 +183,15 @@ class TaskRunner {
   static constexpr size_t kClosedRoundsKept = 4096;
   std::map<int64_t, std::vector<std::optional<FrameBuffer>>> rounds_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> closed_rounds_ ABSL_GUARDED_BY(mu_);
+  // Coordinated reads, per consumer index: the round elements it took and
+  // does not hold yet (Redelivery), their bytes, and the rounds it took
+  // that had to be forgotten (the latest kClosedRoundsKept).
+  struct TakenRounds {
+    std::map<int64_t, FrameBuffer> frames;
+    size_t bytes = 0;
+    std::set<int64_t> forgotten;
+  };
+  std::vector<TakenRounds> taken_rounds_ ABSL_GUARDED_BY(mu_);
   std::thread producer_;
 };
 

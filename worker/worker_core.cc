@@ -42,7 +42,7 @@ absl::StatusOr<ServedBatch> WorkerCore::Serve(const ElementRequest& req) {
   const absl::Duration wait = std::max(absl::ZeroDuration(), deadline - absl::Now());
   task->Ack(req.acks);
   auto batch = task->def().num_consumers() > 0
-                   ? task->GetRound(wait, req.consumer_index, req.round)
+                   ? task->GetRound(wait, req.consumer_index, req.round, req.delivered_seq)
                    : task->GetBatch(req, wait);
   if (!batch.ok()) {
     // The task's own error ends it; a refused request (a round asked

@@ -33,6 +33,7 @@
 #include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/dataset/webdataset.h"
+#include "sluice/worker/task_runner.h"
 #include "sluice/worker/worker_server.h"
 #include "tests/dataset/dataset_test_util.h"
 #include "tests/dataset/image_test_util.h"
@@ -1663,31 +1664,39 @@ class LossyTransport final : public ElementTransport {
   std::atomic<int64_t>* lost_;
 };
 
+std::atomic<int64_t> g_lossy_replies{0}, g_lost_replies{0};
+
+// "<base>-lossy": `base` with every 4th reply lost (LossyTransport),
+// registered once.
+std::string LossyProtocol(const std::string& base) {
+  const internal::TransportProtocol* inner = *internal::FindTransportProtocol(base, "test");
+  internal::TransportProtocol lossy = *inner;
+  lossy.name = base + "-lossy";
+  lossy.connect = [inner](const std::string& address, const internal::ElementTransportOptions& o)
+      -> absl::StatusOr<std::unique_ptr<ElementTransport>> {
+    auto t = inner->connect(address, o);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<ElementTransport>(
+        new LossyTransport(*std::move(t), &g_lossy_replies, &g_lost_replies));
+  };
+  lossy.serve = [inner](internal::ElementServerOptions o) {
+    o.add_grpc_service = nullptr;  // its own server (gRPC), on o.listen_address
+    return inner->serve(std::move(o));
+  };
+  absl::Status registered = internal::RegisterTransportProtocol(lossy);
+  EXPECT_TRUE(registered.ok() || absl::IsAlreadyExists(registered)) << registered;
+  return lossy.name;
+}
+
 // Replies lost in transit cost neither an element nor a duplicate: the
 // worker keeps what it handed out until the consumer holds it and hands it
 // out again when asked (worker/task_runner.h, "Redelivery"), in every
 // processing mode, over both protocols.
 TEST(LostReplyTest, ElementsOfRepliesLostInTransitArriveExactlyOnce) {
-  static std::atomic<int64_t> replies{0}, lost{0};
+  std::atomic<int64_t>& lost = g_lost_replies;
   for (const std::string base : {"grpc", "ucx"}) {
     SCOPED_TRACE(base);
-    const internal::TransportProtocol* inner = *internal::FindTransportProtocol(base, "test");
-    internal::TransportProtocol lossy = *inner;
-    lossy.name = base + "-lossy";
-    lossy.connect = [inner](const std::string& address,
-                            const internal::ElementTransportOptions& o)
-        -> absl::StatusOr<std::unique_ptr<ElementTransport>> {
-      auto t = inner->connect(address, o);
-      if (!t.ok()) return t.status();
-      return std::unique_ptr<ElementTransport>(
-          new LossyTransport(*std::move(t), &replies, &lost));
-    };
-    lossy.serve = [inner](internal::ElementServerOptions o) {
-      o.add_grpc_service = nullptr;  // its own server (gRPC), on o.listen_address
-      return inner->serve(std::move(o));
-    };
-    absl::Status registered = internal::RegisterTransportProtocol(lossy);
-    ASSERT_TRUE(registered.ok() || absl::IsAlreadyExists(registered)) << registered;
+    const std::string lossy = LossyProtocol(base);
 
     ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
     std::vector<std::unique_ptr<WorkerServer>> workers;
@@ -1695,7 +1704,7 @@ TEST(LostReplyTest, ElementsOfRepliesLostInTransitArriveExactlyOnce) {
       WorkerConfig wc;
       wc.dispatcher_address = dispatcher->address();
       wc.heartbeat_interval_ms = 200;
-      wc.data_transfer_protocol = lossy.name;
+      wc.data_transfer_protocol = lossy;
       ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
       workers.push_back(std::move(w));
     }
@@ -1705,7 +1714,7 @@ TEST(LostReplyTest, ElementsOfRepliesLostInTransitArriveExactlyOnce) {
       SCOPED_TRACE(mode);
       DistributeOptions o;
       o.service = dispatcher->target();
-      o.data_transfer_protocol = lossy.name;
+      o.data_transfer_protocol = lossy;
       o.fallback_to_grpc = false;
       o.processing_mode = mode;
       o.max_outstanding_requests = 4;
@@ -1720,6 +1729,73 @@ TEST(LostReplyTest, ElementsOfRepliesLostInTransitArriveExactlyOnce) {
     }
     EXPECT_GE(lost.load() - lost_before, 4) << "the test lost too few replies to mean anything";
     for (auto& w : workers) w->Stop();
+    dispatcher->Stop();
+  }
+}
+
+// Coordinated reads: a round whose reply was lost is asked again and gets
+// the same element, so every round still gives each consumer its own
+// element, in order, none skipped or repeated (it used to end the
+// iteration: "asked for round R twice").
+TEST(LostReplyTest, CoordinatedRoundsWhoseRepliesWereLostArriveExactlyOnce) {
+  for (const std::string base : {"grpc", "ucx"}) {
+    SCOPED_TRACE(base);
+    const std::string lossy = LossyProtocol(base);
+    ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
+    WorkerConfig wc;
+    wc.dispatcher_address = dispatcher->address();
+    wc.heartbeat_interval_ms = 200;
+    wc.data_transfer_protocol = lossy;
+    ASSERT_OK_AND_ASSIGN(auto worker, WorkerServer::Start(wc));
+    const int64_t lost_before = g_lost_replies.load();
+    constexpr int kRounds = 200;
+    std::vector<std::vector<int64_t>> got(2);
+    std::vector<absl::Status> errors(2);
+    std::vector<std::thread> consumers;
+    for (int c = 0; c < 2; ++c) {
+      consumers.emplace_back([&, c] {
+        DistributeOptions o;
+        o.service = dispatcher->target();
+        o.data_transfer_protocol = lossy;
+        o.fallback_to_grpc = false;
+        o.max_outstanding_requests = 4;
+        o.job_name = "rounds-" + base;
+        o.num_consumers = 2;
+        o.consumer_index = c;
+        errors[c] = [&]() -> absl::Status {
+          SLUICE_ASSIGN_OR_RETURN(
+              auto it, Dataset::Range(1000).Repeat().Apply(Distribute(o)).MakeIterator());
+          for (int r = 0; r < kRounds; ++r) {
+            SLUICE_ASSIGN_OR_RETURN(std::optional<Element> e, it->Next());
+            if (!e.has_value()) return absl::InternalError("end of input");
+            got[c].push_back((*e)[0].at<int64_t>(0));
+          }
+          return absl::OkStatus();
+        }();
+      });
+    }
+    WithHangGuard([&] {
+      for (auto& t : consumers) t.join();
+      return 0;
+    });
+    ASSERT_OK(errors[0]);
+    ASSERT_OK(errors[1]);
+    // One worker: each round takes its next two elements, 2k and 2k + 1,
+    // one per consumer (rounds may open out of order); no round twice, and
+    // none beyond the rounds a consumer may have open skipped.
+    std::set<int64_t> pairs;
+    for (int r = 0; r < kRounds; ++r) {
+      const int64_t k = std::min(got[0][r], got[1][r]) / 2;
+      EXPECT_THAT((std::vector<int64_t>{got[0][r], got[1][r]}),
+                  ::testing::UnorderedElementsAre(2 * k, 2 * k + 1))
+          << "round " << r;
+      EXPECT_TRUE(pairs.insert(k).second) << "round " << r << " repeats elements " << 2 * k;
+    }
+    EXPECT_LT(*pairs.rbegin(),
+              kRounds + 2 * static_cast<int64_t>(internal::TaskRunner::kMaxOpenRounds));
+    EXPECT_GE(g_lost_replies.load() - lost_before, 10)
+        << "the test lost too few replies to mean anything";
+    worker->Stop();
     dispatcher->Stop();
   }
 }

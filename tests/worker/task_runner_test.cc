@@ -103,5 +103,38 @@ TEST(TaskRunnerTest, ConsumersAreNumberedAndKeptApartAndAnonymousOnesAreNotKept)
   EXPECT_EQ(anon2.seq, 1);
 }
 
+// Coordinated reads: a round's reply lost in transit is asked for again
+// and gets the same element (resent), until the consumer's requests say it
+// holds the round; the other consumer's element of the round is its own.
+TEST(TaskRunnerTest, ARoundAskedAgainGetsTheSameElementUntilTheConsumerHoldsIt) {
+  proto::TaskDef def;
+  def.set_task_id(7);
+  def.set_num_consumers(2);
+  *def.mutable_dataset() = Dataset::Range(100).def();
+  TaskRunner task(def, /*buffer_elements=*/64, HeapFrameAllocator());
+  AwaitProduced(task, 100);
+  const absl::Duration wait = absl::Seconds(1);
+  ASSERT_OK_AND_ASSIGN(ServedBatch a0, task.GetRound(wait, 0, 0, 0));
+  ASSERT_OK_AND_ASSIGN(ServedBatch b0, task.GetRound(wait, 1, 0, 0));
+  EXPECT_EQ(Values(a0), std::vector<int64_t>{0});
+  EXPECT_EQ(Values(b0), std::vector<int64_t>{1});
+  EXPECT_FALSE(a0.resent);
+  // Consumer 0's reply was lost: the round (now closed) comes back as it was.
+  ASSERT_OK_AND_ASSIGN(ServedBatch again, task.GetRound(wait, 0, 0, 0));
+  EXPECT_TRUE(again.resent);
+  EXPECT_EQ(Values(again), std::vector<int64_t>{0});
+  ASSERT_OK_AND_ASSIGN(ServedBatch a1, task.GetRound(wait, 0, 1, 0));
+  EXPECT_EQ(Values(a1), std::vector<int64_t>{2});
+  // Once it says it holds round 0 (delivered_round 1), asking for it again
+  // is the old refusal; round 1, not yet held, still comes back.
+  ASSERT_OK_AND_ASSIGN(ServedBatch a1again, task.GetRound(wait, 0, 1, 1));
+  EXPECT_EQ(Values(a1again), std::vector<int64_t>{2});
+  EXPECT_STATUS(task.GetRound(wait, 0, 0, 1).status(), absl::StatusCode::kFailedPrecondition,
+                "already served to every consumer");
+  // Consumer 1 takes round 1 as usual.
+  ASSERT_OK_AND_ASSIGN(ServedBatch b1, task.GetRound(wait, 1, 1, 1));
+  EXPECT_EQ(Values(b1), std::vector<int64_t>{3});
+}
+
 }  // namespace
 }  // namespace sluice::internal
