@@ -1,5 +1,8 @@
 #include "sluice/control/task_policy.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "spdlog/spdlog.h"
 #include "sluice/rpc/protocol.h"
 
@@ -67,16 +70,34 @@ void TaskPolicy::ForNewWorker(const std::string& address, const std::string& hos
   }
 }
 
+namespace {
+
+// A heartbeat's task ids, sorted (a worker holds a few hundred at most: a
+// sorted vector walks beside the worker's std::set without a node per id).
+std::vector<int64_t> SortedIds(const google::protobuf::RepeatedField<int64_t>& ids) {
+  std::vector<int64_t> v(ids.begin(), ids.end());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
 std::set<int64_t> TaskPolicy::Reconcile(const Worker& w, const proto::WorkerHeartbeatRequest& req,
                                         proto::JournalRecord* rec) const {
-  std::set<int64_t> held(req.current_tasks().begin(), req.current_tasks().end());
-  std::set<int64_t> done_tasks(req.finished_tasks().begin(), req.finished_tasks().end());
+  const std::vector<int64_t> held = SortedIds(req.current_tasks());
+  const std::vector<int64_t> done_tasks = SortedIds(req.finished_tasks());
   std::set<int64_t> lost_in;
+  auto h = held.begin();  // walks beside w.tasks (both ascending)
   for (int64_t id : w.tasks) {
+    while (h != held.end() && *h < id) ++h;
+    const bool is_held = h != held.end() && *h == id;
+    const bool done = std::binary_search(done_tasks.begin(), done_tasks.end(), id);
+    // Held and not finished: nothing to do, and no lookup (the common case
+    // of every heartbeat).
+    if (is_held && !done) continue;
     const DispatcherState::Task& t = state_.tasks().at(id);
     if (t.completed || t.lost) continue;
-    const bool done = done_tasks.count(id) > 0;
-    const bool gone = !done && t.delivered && !held.count(id);
+    const bool gone = !done && t.delivered && !is_held;
     if (!done && !gone) continue;
     proto::FinishTaskUpdate* f = rec->add_updates()->mutable_finish_task();
     f->set_task_id(id);
@@ -101,10 +122,13 @@ void TaskPolicy::Again(const Worker& w, const std::set<int64_t>& lost_in,
 
 std::vector<int64_t> TaskPolicy::Unknown(const Worker& w,
                                          const proto::WorkerHeartbeatRequest& req) {
-  std::set<int64_t> held(req.current_tasks().begin(), req.current_tasks().end());
+  const std::vector<int64_t> held = SortedIds(req.current_tasks());
   std::vector<int64_t> unknown;
-  for (int64_t id : held) {
-    if (!w.tasks.count(id)) unknown.push_back(id);
+  auto mine = w.tasks.begin();  // walks beside `held` (both ascending)
+  for (auto id = held.begin(); id != held.end(); ++id) {
+    if (id != held.begin() && *id == *(id - 1)) continue;  // listed twice
+    while (mine != w.tasks.end() && *mine < *id) ++mine;
+    if (mine == w.tasks.end() || *mine != *id) unknown.push_back(*id);
   }
   return unknown;
 }

@@ -11,6 +11,7 @@
 #include <google/protobuf/text_format.h>
 
 #include "sluice/control/liveness.h"
+#include "absl/strings/str_cat.h"
 #include "tests/test_util.h"
 
 namespace sluice::internal {
@@ -105,6 +106,29 @@ TEST_F(TaskPolicyTest, UnderStaticShardingAShardIsReadOnceAtATime) {
   EXPECT_TRUE(policy_.NeedsTask(it, 1));
   Apply("finish_task { task_id: 5 lost: true }");
   EXPECT_TRUE(policy_.NeedsTask(it, 0));  // a lost shard is read again
+}
+
+// A heartbeat lists its tasks in any order, even twice.
+TEST_F(TaskPolicyTest, AHeartbeatsTaskListsNeedNotBeSorted) {
+  Basic();
+  for (int id : {5, 6, 7, 8}) {
+    Apply(absl::StrCat("create_task { task_id: ", id, " iteration_id: 3 worker_address: 'a:1' }"));
+  }
+  Apply("tasks_delivered { worker_address: 'a:1' task_ids: 5 task_ids: 6 task_ids: 7 "
+        "task_ids: 8 }");
+  proto::WorkerHeartbeatRequest req;
+  req.set_worker_address("a:1");
+  for (int id : {8, 2, 6, 99, 6, 7}) req.add_current_tasks(id);
+  req.add_finished_tasks(7);
+  const auto& w = state_.workers().at("a:1");
+  proto::JournalRecord rec;
+  EXPECT_THAT(policy_.Reconcile(w, req, &rec), ElementsAre(3));
+  ASSERT_EQ(rec.updates_size(), 2);
+  EXPECT_EQ(rec.updates(0).finish_task().task_id(), 5);  // not held: lost
+  EXPECT_TRUE(rec.updates(0).finish_task().lost());
+  EXPECT_EQ(rec.updates(1).finish_task().task_id(), 7);  // held and read: done
+  EXPECT_FALSE(rec.updates(1).finish_task().lost());
+  EXPECT_THAT(TaskPolicy::Unknown(w, req), ElementsAre(2, 99));
 }
 
 TEST_F(TaskPolicyTest, AHeartbeatEndsReadTasksAndLosesTheDeliveredOnesTheWorkerNoLongerHolds) {
