@@ -36,6 +36,10 @@ struct SplitAck {
   int64_t count = 0;
 };
 inline constexpr size_t kMaxAcksPerRequest = 64;
+// What one gRPC reply batches at most (ElementRequest::max_elements and
+// max_bytes are clamped to these): the reply stays one modest message.
+inline constexpr int64_t kMaxGrpcBatchElements = 256;
+inline constexpr int64_t kMaxGrpcBatchBytes = int64_t{256} << 10;
 
 struct ElementRequest {
   int64_t task_id = 0;
@@ -55,7 +59,8 @@ struct ElementRequest {
   // Batching: the worker may answer with up to max_elements elements that
   // are ready at once, as long as their frames total at most max_bytes (the
   // first element is always sent, whatever its size). The worker never
-  // waits to fill a batch. Transports without batching (gRPC) answer one.
+  // waits to fill a batch. Both transports batch (gRPC within
+  // kMaxGrpcBatchElements and kMaxGrpcBatchBytes).
   int64_t max_elements = 1;
   int64_t max_bytes = 0;
   // At most kMaxAcksPerRequest, for this task.

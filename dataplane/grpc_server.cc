@@ -83,6 +83,8 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     r.shared_job = req->shared_job();
     r.delivered_seq = req->delivered_seq();
     r.resend = req->resend();
+    r.max_elements = std::clamp<int64_t>(req->max_elements(), 1, kMaxGrpcBatchElements);
+    r.max_bytes = std::clamp<int64_t>(req->max_bytes(), 0, kMaxGrpcBatchBytes);
     if (req->compression() == static_cast<int>(FrameCodec::kLz4)) r.compression = FrameCodec::kLz4;
     if (req->compression() == static_cast<int>(FrameCodec::kZstd)) {
       r.compression = FrameCodec::kZstd;
@@ -101,24 +103,37 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     resp->set_split_index(-1);
     resp->set_seq(served->end_of_sequence ? served->seq : -1);
     resp->set_resent(served->resent);
-    if (!served->frames.empty()) {
-      // One element per call: the request asks for one (max_elements is
-      // not on the gRPC path), so a source answers with one.
-      const FrameBuffer& f = served->frames[0];
-      std::string* out = resp->mutable_frame();
-      out->resize(f.frame_size());
-      WriteFrame(f, reinterpret_cast<uint8_t*>(out->data()));
-      bytes_copied_ += static_cast<int64_t>(f.frame_size());
-      resp->set_split_id(f.position.split_id);
-      resp->set_split_index(f.position.index);
-      resp->set_has_key(f.position.key.has_value());
-      resp->set_key(f.position.key.value_or(0));
-      resp->set_seq(served->seq);
+    // The first element in the response's own fields (as before
+    // batching), the others in `more`.
+    for (size_t i = 0; i < served->frames.size(); ++i) {
+      const FrameBuffer& f = served->frames[i];
+      if (i == 0) {
+        Put(f, resp->mutable_frame());
+        resp->set_split_id(f.position.split_id);
+        resp->set_split_index(f.position.index);
+        resp->set_has_key(f.position.key.has_value());
+        resp->set_key(f.position.key.value_or(0));
+        resp->set_seq(served->seq);
+      } else {
+        proto::BatchedElement* e = resp->add_more();
+        Put(f, e->mutable_frame());
+        e->set_split_id(f.position.split_id);
+        e->set_split_index(f.position.index);
+        e->set_has_key(f.position.key.has_value());
+        e->set_key(f.position.key.value_or(0));
+      }
     }
     return grpc::Status::OK;
   }
 
  private:
+  // The frame `f` into the message's bytes (gRPC copies into its message).
+  void Put(const FrameBuffer& f, std::string* out) {
+    out->resize(f.frame_size());
+    WriteFrame(f, reinterpret_cast<uint8_t*>(out->data()));
+    bytes_copied_ += static_cast<int64_t>(f.frame_size());
+  }
+
   ElementServerOptions options_;
   std::unique_ptr<grpc::Server> own_;  // null when hosted
   std::string address_;                // empty when hosted

@@ -10,6 +10,7 @@
 #include "rpc/service.grpc.pb.h"
 #include "sluice/rpc/grpc_util.h"
 #include "sluice/core/frame.h"
+#include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/transport_registry.h"
 #include "spdlog/spdlog.h"
@@ -73,6 +74,8 @@ class GrpcElementTransport final : public ElementTransport {
     req.set_shared_job(request.shared_job);
     req.set_delivered_seq(request.delivered_seq);
     req.set_resend(request.resend);
+    req.set_max_elements(std::clamp<int64_t>(request.max_elements, 1, kMaxGrpcBatchElements));
+    req.set_max_bytes(std::clamp<int64_t>(request.max_bytes, 0, kMaxGrpcBatchBytes));
     req.set_compression(static_cast<int>(request.compression));
     for (const SplitAck& a : request.acks) {
       req.add_ack_split_ids(a.split_id);
@@ -136,19 +139,35 @@ class GrpcElementTransport final : public ElementTransport {
     if (out.end_of_sequence) out.seq = resp.seq();
     if (out.end_of_sequence || out.not_ready) return out;
     out.resent = resp.resent();
-    auto frame = std::make_shared<std::string>(std::move(*resp.mutable_frame()));
-    out.bytes = frame->size();
-    const auto* data = reinterpret_cast<const uint8_t*>(frame->data());
-    auto decoded = DecodeFrame(data, frame->size(), frame, max_element_bytes);
-    if (absl::IsResourceExhausted(decoded.status())) return decoded.status();
-    if (!decoded.ok()) {
-      return absl::DataLossError(absl::StrCat("worker ", address, " sent a bad element: ",
-                                              decoded.status().message()));
+    if (resp.more_size() >= kMaxGrpcBatchElements) {
+      return absl::DataLossError(absl::StrCat("worker ", address, " sent a batch of ",
+                                              resp.more_size() + 1, " elements; at most ",
+                                              kMaxGrpcBatchElements, " were asked for"));
     }
-    out.elements.push_back(std::move(decoded->element));
-    out.positions.push_back({resp.split_id(), resp.split_index(),
-                             resp.has_key() ? std::optional<uint64_t>(resp.key()) : std::nullopt});
-    out.seq = resp.seq();
+    // The elements view the response's bytes (moved out once, kept alive
+    // by the tensors).
+    auto owned = std::make_shared<proto::GetElementResponse>(std::move(resp));
+    auto add = [&](const std::string& frame, int64_t split_id, int64_t split_index, bool has_key,
+                   uint64_t key) -> absl::Status {
+      out.bytes += frame.size();
+      auto decoded = DecodeFrame(reinterpret_cast<const uint8_t*>(frame.data()), frame.size(),
+                                 owned, max_element_bytes);
+      if (absl::IsResourceExhausted(decoded.status())) return decoded.status();
+      if (!decoded.ok()) {
+        return absl::DataLossError(absl::StrCat("worker ", address, " sent a bad element: ",
+                                                decoded.status().message()));
+      }
+      out.elements.push_back(std::move(decoded->element));
+      out.positions.push_back(
+          {split_id, split_index, has_key ? std::optional<uint64_t>(key) : std::nullopt});
+      return absl::OkStatus();
+    };
+    SLUICE_RETURN_IF_ERROR(add(owned->frame(), owned->split_id(), owned->split_index(),
+                               owned->has_key(), owned->key()));
+    for (const proto::BatchedElement& e : owned->more()) {
+      SLUICE_RETURN_IF_ERROR(add(e.frame(), e.split_id(), e.split_index(), e.has_key(), e.key()));
+    }
+    out.seq = owned->seq();
     return out;
   }
 
@@ -167,9 +186,11 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
   auto parsed = internal::ParseServiceAddress(address);
   if (!parsed.ok()) return parsed.status();
   if (max_element_bytes <= 0) return absl::InvalidArgumentError("max_element_bytes must be > 0");
-  // The response carries one frame plus a few fields.
-  const int max_receive = static_cast<int>(
-      std::min<int64_t>(max_element_bytes + 4096, internal::kMaxGrpcMessageBytes));
+  // The response carries one frame, a batch of at most kMaxGrpcBatchBytes
+  // of frames after it, and a few fields per element.
+  const int max_receive = static_cast<int>(std::min<int64_t>(
+      max_element_bytes + kMaxGrpcBatchBytes + 64 * kMaxGrpcBatchElements + 4096,
+      internal::kMaxGrpcMessageBytes));
   auto channel = internal::MakeSecureChannel(*parsed, security, max_receive);
   if (!channel.ok()) return channel.status();
   return std::unique_ptr<ElementTransport>(

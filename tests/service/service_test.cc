@@ -525,11 +525,11 @@ TEST_P(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   int64_t received = GetDataServiceStats().elements_received - before;
   EXPECT_GE(received, 5);
-  // Two replies requested or buffered at once; a UCX reply batches up to
-  // kMaxElementsPerReply (256) small elements that were ready together, a
-  // gRPC reply holds one.
+  // Two replies requested or buffered at once; a reply (UCX or gRPC)
+  // batches up to kMaxElementsPerReply (256) small elements that were ready
+  // together.
   static_assert(kMaxElementsPerReply == 256);
-  EXPECT_LE(received, 5 + 2 * (GetParam() == "ucx" ? kMaxElementsPerReply : 1));
+  EXPECT_LE(received, 5 + 2 * kMaxElementsPerReply);
 }
 
 TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
