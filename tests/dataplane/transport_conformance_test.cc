@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "grpcpp/grpcpp.h"
+#include "rpc/service.grpc.pb.h"
 #include "sluice/dataplane/element_server.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/transport_registry.h"
@@ -294,6 +296,36 @@ TEST_P(ConformanceTest, ARepliesElementsComeInOrderWithTheirPositionsAndKeys) {
               i % 2 == 1 ? std::optional<uint64_t>(1000 + i) : std::nullopt);
   }
   EXPECT_EQ(got.seq, 20);
+}
+
+// The gRPC wire: a request from before batching (no max_elements) gets one
+// element in the response's own fields, as before; a batch puts the
+// elements after the first in `more`.
+TEST_P(ConformanceTest, AGrpcRequestWithoutBatchFieldsGetsOneElementAsBefore) {
+  if (GetParam() != "grpc") GTEST_SKIP() << "the gRPC wire format";
+  auto stub = proto::ElementService::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](int64_t max_elements, proto::GetElementResponse* resp) {
+    proto::GetElementRequest req;
+    req.set_task_id(kBatch);
+    if (max_elements > 0) {
+      req.set_max_elements(max_elements);
+      req.set_max_bytes(1 << 20);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return stub->GetElement(&ctx, req, resp);
+  };
+  proto::GetElementResponse old;
+  ASSERT_TRUE(call(0, &old).ok());
+  EXPECT_FALSE(old.frame().empty());
+  EXPECT_EQ(old.more_size(), 0);
+  proto::GetElementResponse batch;
+  ASSERT_TRUE(call(3, &batch).ok());
+  EXPECT_FALSE(batch.frame().empty());
+  ASSERT_EQ(batch.more_size(), 2);
+  EXPECT_EQ(batch.more(1).split_index(), 20);
+  EXPECT_TRUE(batch.more(0).has_key());
 }
 
 TEST_P(ConformanceTest, ManyAsyncRequestsInFlightAllComplete) {
