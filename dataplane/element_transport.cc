@@ -21,7 +21,7 @@ class FallbackTransport final : public ElementTransport {
 
   void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
     if (switched_.load()) return fallback_->GetElementAsync(request, std::move(done));
-    primary_->GetElementAsync(request, [this, request, done = std::move(done)](
+    primary_->GetElementAsync(request, [this, done = std::move(done)](
                                            absl::StatusOr<ElementResult> r) mutable {
       if (r.ok()) {
         worked_ = true;
@@ -40,7 +40,10 @@ class FallbackTransport final : public ElementTransport {
                      primary_->protocol(), peer_, std::string(r.status().message()),
                      fallback_->protocol());
       }
-      fallback_->GetElementAsync(request, std::move(done));
+      // Not sent again as it was: the worker may have handed out this
+      // request's elements in a reply that was lost. The caller's retry
+      // (over the fallback now) asks for what it lacks.
+      done(std::move(r));
     });
   }
   void Cancel() override {

@@ -161,9 +161,13 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
 
 // `primary` (UCX) until it fails with Unavailable/DeadlineExceeded before
 // ever delivering a reply (it could not connect); then `fallback` (gRPC)
-// for good, with a warning naming `peer`. With allow_fallback = false the
-// primary's error is returned instead. Errors after a first success pass
-// through: the peer died, and switching paths would not help.
+// for good, with a warning naming `peer`. The request that failed fails
+// (the caller retries it, over the fallback): its reply may have been lost
+// after the worker handed its elements out, so it is not sent again as it
+// was, which would leave those elements a gap nobody asks to be resent.
+// With allow_fallback = false the primary's error is returned instead.
+// Errors after a first success pass through: the peer died, and switching
+// paths would not help.
 std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementTransport> primary,
                                                        std::unique_ptr<ElementTransport> fallback,
                                                        std::string peer, bool allow_fallback);

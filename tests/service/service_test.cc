@@ -1733,6 +1733,78 @@ TEST(LostReplyTest, ElementsOfRepliesLostInTransitArriveExactlyOnce) {
   }
 }
 
+// A primary data path that reaches the worker but whose replies never come
+// back (UCX silent after a peer's death, seen in the churn test): the
+// client falls back to gRPC, and the elements the worker handed out in the
+// lost replies are asked for again, not left a gap (which hung the
+// iteration: the reissued requests got later elements, and nobody asked
+// for the lost ones).
+TEST(LostReplyTest, FallingBackAfterRepliesThatNeverCameLosesNothing) {
+  const internal::TransportProtocol* grpc = *internal::FindTransportProtocol("grpc", "test");
+  internal::TransportProtocol silent = *grpc;
+  silent.name = "grpc-silent-primary";
+  silent.connect = [grpc](const std::string& address, const internal::ElementTransportOptions& o)
+      -> absl::StatusOr<std::unique_ptr<ElementTransport>> {
+    auto primary = grpc->connect(address, o);
+    if (!primary.ok()) return primary.status();
+    auto fallback = grpc->connect(address, o);
+    if (!fallback.ok()) return fallback.status();
+    // Every reply of the primary is lost (LossyTransport loses every 4th;
+    // this one every one).
+    class Silent final : public ElementTransport {
+     public:
+      explicit Silent(std::unique_ptr<ElementTransport> inner) : inner_(std::move(inner)) {}
+      void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
+        inner_->GetElementAsync(request, [done = std::move(done)](absl::StatusOr<ElementResult>) {
+          done(absl::DeadlineExceededError("no reply (test)"));
+        });
+      }
+      void Cancel() override { inner_->Cancel(); }
+      std::string protocol() const override { return "ucx"; }
+
+     private:
+      std::unique_ptr<ElementTransport> inner_;
+    };
+    return MakeFallbackTransport(std::make_unique<Silent>(*std::move(primary)),
+                                 *std::move(fallback), address, /*allow_fallback=*/true);
+  };
+  silent.serve = [grpc](internal::ElementServerOptions o) {
+    o.add_grpc_service = nullptr;  // its own server, on o.listen_address
+    return grpc->serve(std::move(o));
+  };
+  absl::Status registered = internal::RegisterTransportProtocol(silent);
+  ASSERT_TRUE(registered.ok() || absl::IsAlreadyExists(registered)) << registered;
+  ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
+  std::vector<std::unique_ptr<WorkerServer>> workers;
+  for (int i = 0; i < 2; ++i) {
+    WorkerConfig wc;
+    wc.dispatcher_address = dispatcher->address();
+    wc.heartbeat_interval_ms = 200;
+    wc.data_transfer_protocol = silent.name;
+    ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
+    workers.push_back(std::move(w));
+  }
+  constexpr int64_t kElements = 300;
+  for (const std::string mode : {"parallel_epochs", "distributed_epoch"}) {
+    SCOPED_TRACE(mode);
+    DistributeOptions o;
+    o.service = dispatcher->target();
+    o.data_transfer_protocol = silent.name;
+    o.processing_mode = mode;
+    o.max_outstanding_requests = 4;
+    ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                           return CollectScalars<int64_t>(
+                               Dataset::Range(kElements).Apply(Distribute(o)));
+                         }));
+    const int copies = mode == "parallel_epochs" ? 2 : 1;
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < kElements; ++i) want.insert(want.end(), copies, i);
+    EXPECT_THAT(v, UnorderedElementsAreArray(want));
+  }
+  for (auto& w : workers) w->Stop();
+  dispatcher->Stop();
+}
+
 // Coordinated reads: a round whose reply was lost is asked again and gets
 // the same element, so every round still gives each consumer its own
 // element, in order, none skipped or repeated (it used to end the
