@@ -347,6 +347,7 @@ class DataServiceIterator final : public Iterator {
     o.distributed = distributed_;
     o.element_wait = kElementWait;
     o.compression = compression_;
+    o.max_elements_per_reply = options_.max_elements_per_reply;
     absl::MutexLock l(&mu_);
     if (coordinated_) {
       auto r = std::make_unique<internal::RoundReader>(o);
@@ -693,6 +694,11 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
   if (o.max_outstanding_requests <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Distribute: max_outstanding_requests must be > 0; got ", o.max_outstanding_requests));
+  }
+  if (o.max_elements_per_reply < 1 || o.max_elements_per_reply > kMaxElementsPerReply) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Distribute: max_elements_per_reply must be in [1, ", kMaxElementsPerReply,
+                     "]; got ", o.max_elements_per_reply));
   }
   SLUICE_ASSIGN_OR_RETURN(proto::TargetWorkers target,
                           internal::ParseTargetWorkers(o.target_workers));

@@ -55,8 +55,9 @@
 
 namespace sluice {
 
-// Over UCX one reply batches at most this many small elements, and at most
-// this many bytes of their frames (larger elements travel one per reply).
+// One reply (UCX or gRPC) batches at most this many small elements (fewer
+// with DistributeOptions::max_elements_per_reply), and at most this many
+// bytes of their frames (larger elements travel one per reply).
 inline constexpr int64_t kMaxElementsPerReply = 256;
 inline constexpr int64_t kMaxBytesPerReply = int64_t{256} << 10;
 
@@ -136,9 +137,14 @@ struct DistributeOptions {
   // none over ucx, lz4 over grpc; logged once per process), "none", "lz4"
   // or "zstd". Workers compress each element that shrinks by at least an
   // eighth (incompressible ones, JPEG bytes, travel as they are), and this
-  // process decompresses into memory of its own: one copy, instead of
-  // receiving in place.
+  // process decompresses them (over ucx into its receive arenas, as
+  // uncompressed elements land; over grpc into memory of its own).
   std::string compression = "AUTO";
+  // The most elements one reply may batch, 1 to kMaxElementsPerReply (the
+  // default): elements ready together on a worker travel in one reply, up
+  // to kMaxBytesPerReply of them. 1 asks for one element per reply, as
+  // tf.data service does (the perf suite's gRPC anchor).
+  int64_t max_elements_per_reply = kMaxElementsPerReply;
 };
 
 // Everything before Distribute runs on the service's workers; the elements

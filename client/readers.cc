@@ -241,7 +241,7 @@ PlannedRequest FcfsReader::Request(ClientTask& t, absl::Duration wait) {
   req.client_id = options_.client_id;
   req.max_outstanding = std::min(options_.max_outstanding, kMaxRequestsInFlight);
   req.shared_job = options_.shared_job;
-  req.max_elements = kMaxElementsPerReply;
+  req.max_elements = options_.max_elements_per_reply;
   req.max_bytes = kMaxBytesPerReply;
   req.wait = wait;
   if (options_.client_id != 0) {  // the worker keeps replies for named consumers only

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sluice/client/distribute.h"
 #include "sluice/core/tensor.h"
 #include "sluice/dataplane/element_transport.h"
 
@@ -177,6 +178,7 @@ struct ReaderOptions {
   bool distributed = false;  // distributed_epoch: acks and dedup
   absl::Duration element_wait = absl::Milliseconds(500);
   FrameCodec compression = FrameCodec::kNone;  // asked of the workers
+  int64_t max_elements_per_reply = kMaxElementsPerReply;
 };
 
 // Counters a reader adds to (the iterator reports them process-wide).

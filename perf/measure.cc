@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Iterator>> Open(const ClientOptions& o, int64_t o
   d.fallback_to_grpc = false;  // measure the path asked for, or fail
   d.max_outstanding_requests = outstanding;
   d.compression = o.compression;
+  if (o.max_elements_per_reply > 0) d.max_elements_per_reply = o.max_elements_per_reply;
   Dataset ds = WorkloadDataset(o).Apply(Distribute(d));
   SLUICE_RETURN_IF_ERROR(ds.status());
   return ds.MakeIterator();

@@ -29,6 +29,10 @@ struct ClientOptions {
   // random bytes (perf_ints, perf_text, perf_noise; `compression`).
   std::string workload = "payload";
   std::string compression = "none";  // DistributeOptions::compression
+  // DistributeOptions::max_elements_per_reply (0: its default, batching);
+  // 1 for the transport suite's gRPC anchor (one element per call, as
+  // tf.data service).
+  int64_t max_elements_per_reply = 0;
   int64_t arg = 0;                 // S (bytes) or N (rounds)
   int64_t max_outstanding_requests = 8;
   int64_t warmup_elements = 10;

@@ -319,6 +319,7 @@ int Main(int argc, char** argv) {
   client->add_option("--compression", co.compression);
   client->add_option("--arg", co.arg);
   client->add_option("--max_outstanding_requests", co.max_outstanding_requests);
+  client->add_option("--max_elements_per_reply", co.max_elements_per_reply);
   client->add_option("--warmup_elements", co.warmup_elements);
   client->add_option("--max_elements", co.max_elements);
   client->add_option("--max_bytes", co.max_bytes);

@@ -236,6 +236,7 @@ absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpe
   std::vector<std::string> args = {
       "client", "--service", o.service, "--protocol", o.protocol, "--workload", o.workload,
       "--compression", o.compression,
+      "--max_elements_per_reply", absl::StrCat(o.max_elements_per_reply),
       "--arg", absl::StrCat(o.arg), "--max_outstanding_requests",
       absl::StrCat(o.max_outstanding_requests), "--warmup_elements",
       absl::StrCat(o.warmup_elements), "--max_elements", absl::StrCat(o.max_elements),

@@ -602,6 +602,9 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
         o.workload = "payload";
         o.arg = size;
         o.max_outstanding_requests = a.max_outstanding;
+        // The anchor: gRPC as tf.data service reads it, one element per
+        // call (sluice's own gRPC fallback batches; `files` measures it).
+        if (t.protocol == "grpc") o.max_elements_per_reply = 1;
         o.warmup_elements = Clamp((int64_t{64} << 20) / size, 2, 200);
         o.max_elements = max_elements;
         o.max_bytes = byte_budget;
@@ -759,7 +762,8 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
       "during the timed pass. perftest = max of ucx_perftest -e (peer error handling, as "
       "sluice's endpoints) ucp_am_bw and tag_bw on the same UCX_TLS and size, with sluice's UCX settings (%%pt = sluice/perftest); pt-raw = ucp_am_bw without -e, which UCX may serve with transports sluice cannot use safely (%%raw = sluice/pt-raw); memcpy = single-thread memcpy of blocks of "
       "that size through 256 MiB buffers; x grpc = GB/s (= elem/s) ratio to the grpc row of the "
-      "same size.\n",
+      "same size. grpc = one element per call, as tf.data service reads (max_elements_per_reply "
+      "= 1; sluice's own gRPC fallback batches small elements, see `files`).\n",
       seconds);
   std::printf(
       "client: c++ = the sluice-perf client; python = perf/python_client.py (the sluice package "

@@ -427,6 +427,7 @@ const std::vector<Field<DistributeOptions>>& DistributeFields() {
   static const auto* f = new std::vector<Field<O>>{
       SLUICE_FIELD_(O, processing_mode), SLUICE_FIELD_(O, service),
       SLUICE_FIELD_(O, job_name), SLUICE_FIELD_(O, max_outstanding_requests),
+      SLUICE_FIELD_(O, max_elements_per_reply),
       SLUICE_FIELD_(O, target_workers), SLUICE_FIELD_(O, data_transfer_protocol),
       SLUICE_FIELD_(O, fallback_to_grpc), SLUICE_FIELD_(O, numa_node),
       SLUICE_FIELD_(O, cpu_list), SLUICE_FIELD_(O, gpu_pci_bus_id),

@@ -168,3 +168,12 @@ def test_compression_option_delivers_the_same_elements(service):
         assert sorted(int(v) for b in got for v in b) == sorted(list(range(2000)) * 2)
     with pytest.raises(ValueError, match="compression must be AUTO, none, lz4 or zstd"):
         ds.distribute(service=service.target, compression="snappy")
+
+
+def test_max_elements_per_reply_keyword(service):
+    ds = sluice.Dataset.range(300)
+    got = [int(np.asarray(e)) for e in ds.distribute(service=service.target,
+                                                     max_elements_per_reply=1)]
+    assert sorted(got) == sorted(list(range(300)) * 2)
+    with pytest.raises(ValueError, match=r"max_elements_per_reply must be in \[1, 256\]"):
+        ds.distribute(service=service.target, max_elements_per_reply=0)

@@ -532,6 +532,25 @@ TEST_P(ServiceTest, MaxOutstandingRequestsBoundsWhatTheClientHolds) {
   EXPECT_LE(received, 5 + 2 * kMaxElementsPerReply);
 }
 
+// max_elements_per_reply = 1: one element per reply, as tf.data service
+// does, so the client holds at most max_outstanding_requests elements.
+TEST_P(ServiceTest, OneElementPerReplyWhenAskedBoundsWhatTheClientHoldsToTheRequests) {
+  StartService(1);
+  DistributeOptions o = Options();
+  o.max_outstanding_requests = 2;
+  o.max_elements_per_reply = 1;
+  int64_t before = GetDataServiceStats().elements_received;
+  ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(1000).Apply(Distribute(o)).MakeIterator());
+  for (int i = 0; i < 5; ++i) ASSERT_OK(it->Next());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t received = GetDataServiceStats().elements_received - before;
+  EXPECT_GE(received, 5);
+  EXPECT_LE(received, 5 + 2);
+  std::vector<int64_t> rest;
+  DrainRest(*it, &rest);
+  EXPECT_EQ(rest.size(), 995u);
+}
+
 TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
   StartService(1);
   TransportStats before = GetTransportStats();
@@ -708,6 +727,12 @@ TEST_P(ServiceTest, BadOptionsAreInvalidArgument) {
   o.data_transfer_protocol = "carrier-pigeon";
   EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(), absl::StatusCode::kInvalidArgument,
                 "unknown data_transfer_protocol");
+  for (int64_t bad : {int64_t{0}, kMaxElementsPerReply + 1}) {
+    o = Options();
+    o.max_elements_per_reply = bad;
+    EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(),
+                  absl::StatusCode::kInvalidArgument, "max_elements_per_reply must be in [1, 256]");
+  }
   o = Options();
   o.cuda_pinned = "sometimes";
   EXPECT_STATUS(Dataset::Range(3).Apply(Distribute(o)).status(), absl::StatusCode::kInvalidArgument,
