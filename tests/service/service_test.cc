@@ -1713,48 +1713,54 @@ std::string LossyProtocol(const std::string& base) {
   return lossy.name;
 }
 
+// Range(300) read through Distribute over `protocol` from two in-process
+// workers serving it, in parallel_epochs and distributed_epoch: every
+// element exactly once per worker (parallel_epochs) or once, without a hang.
+void ExpectRangeExactlyOnceOver(const std::string& protocol) {
+  ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
+  std::vector<std::unique_ptr<WorkerServer>> workers;
+  for (int i = 0; i < 2; ++i) {
+    WorkerConfig wc;
+    wc.dispatcher_address = dispatcher->address();
+    wc.heartbeat_interval_ms = 200;
+    wc.data_transfer_protocol = protocol;
+    ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
+    workers.push_back(std::move(w));
+  }
+  constexpr int64_t kElements = 300;
+  for (const std::string mode : {"parallel_epochs", "distributed_epoch"}) {
+    SCOPED_TRACE(mode);
+    DistributeOptions o;
+    o.service = dispatcher->target();
+    o.data_transfer_protocol = protocol;
+    o.fallback_to_grpc = false;
+    o.processing_mode = mode;
+    o.max_outstanding_requests = 4;
+    ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                           return CollectScalars<int64_t>(
+                               Dataset::Range(kElements).Apply(Distribute(o)));
+                         }));
+    const int copies = mode == "parallel_epochs" ? 2 : 1;
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < kElements; ++i) want.insert(want.end(), copies, i);
+    EXPECT_THAT(v, UnorderedElementsAreArray(want));
+  }
+  for (auto& w : workers) w->Stop();
+  dispatcher->Stop();
+}
+
 // Replies lost in transit cost neither an element nor a duplicate: the
 // worker keeps what it handed out until the consumer holds it and hands it
 // out again when asked (worker/task_runner.h, "Redelivery"), in every
 // processing mode, over both protocols.
 TEST(LostReplyTest, ElementsOfRepliesLostInTransitArriveExactlyOnce) {
-  std::atomic<int64_t>& lost = g_lost_replies;
   for (const std::string base : {"grpc", "ucx"}) {
     SCOPED_TRACE(base);
     const std::string lossy = LossyProtocol(base);
-
-    ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
-    std::vector<std::unique_ptr<WorkerServer>> workers;
-    for (int i = 0; i < 2; ++i) {
-      WorkerConfig wc;
-      wc.dispatcher_address = dispatcher->address();
-      wc.heartbeat_interval_ms = 200;
-      wc.data_transfer_protocol = lossy;
-      ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
-      workers.push_back(std::move(w));
-    }
-    const int64_t lost_before = lost.load();
-    constexpr int64_t kElements = 300;
-    for (const std::string mode : {"parallel_epochs", "distributed_epoch"}) {
-      SCOPED_TRACE(mode);
-      DistributeOptions o;
-      o.service = dispatcher->target();
-      o.data_transfer_protocol = lossy;
-      o.fallback_to_grpc = false;
-      o.processing_mode = mode;
-      o.max_outstanding_requests = 4;
-      ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                             return CollectScalars<int64_t>(
-                                 Dataset::Range(kElements).Apply(Distribute(o)));
-                           }));
-      const int copies = mode == "parallel_epochs" ? 2 : 1;
-      std::vector<int64_t> want;
-      for (int64_t i = 0; i < kElements; ++i) want.insert(want.end(), copies, i);
-      EXPECT_THAT(v, UnorderedElementsAreArray(want));
-    }
-    EXPECT_GE(lost.load() - lost_before, 4) << "the test lost too few replies to mean anything";
-    for (auto& w : workers) w->Stop();
-    dispatcher->Stop();
+    const int64_t lost_before = g_lost_replies.load();
+    ExpectRangeExactlyOnceOver(lossy);
+    EXPECT_GE(g_lost_replies.load() - lost_before, 4)
+        << "the test lost too few replies to mean anything";
   }
 }
 
@@ -1799,35 +1805,7 @@ TEST(LostReplyTest, FallingBackAfterRepliesThatNeverCameLosesNothing) {
   };
   absl::Status registered = internal::RegisterTransportProtocol(silent);
   ASSERT_TRUE(registered.ok() || absl::IsAlreadyExists(registered)) << registered;
-  ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
-  std::vector<std::unique_ptr<WorkerServer>> workers;
-  for (int i = 0; i < 2; ++i) {
-    WorkerConfig wc;
-    wc.dispatcher_address = dispatcher->address();
-    wc.heartbeat_interval_ms = 200;
-    wc.data_transfer_protocol = silent.name;
-    ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
-    workers.push_back(std::move(w));
-  }
-  constexpr int64_t kElements = 300;
-  for (const std::string mode : {"parallel_epochs", "distributed_epoch"}) {
-    SCOPED_TRACE(mode);
-    DistributeOptions o;
-    o.service = dispatcher->target();
-    o.data_transfer_protocol = silent.name;
-    o.processing_mode = mode;
-    o.max_outstanding_requests = 4;
-    ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                           return CollectScalars<int64_t>(
-                               Dataset::Range(kElements).Apply(Distribute(o)));
-                         }));
-    const int copies = mode == "parallel_epochs" ? 2 : 1;
-    std::vector<int64_t> want;
-    for (int64_t i = 0; i < kElements; ++i) want.insert(want.end(), copies, i);
-    EXPECT_THAT(v, UnorderedElementsAreArray(want));
-  }
-  for (auto& w : workers) w->Stop();
-  dispatcher->Stop();
+  ExpectRangeExactlyOnceOver(silent.name);
 }
 
 // Coordinated reads: a round whose reply was lost is asked again and gets
