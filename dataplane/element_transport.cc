@@ -25,11 +25,22 @@ class FallbackTransport final : public ElementTransport {
                                            absl::StatusOr<ElementResult> r) mutable {
       if (r.ok()) {
         worked_ = true;
+        unanswered_ = 0;
         return done(std::move(r));
       }
       const bool transport_failure =
           absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status());
-      if (worked_.load() || !transport_failure) return done(std::move(r));
+      if (!transport_failure) return done(std::move(r));
+      if (worked_.load()) {
+        // A peer that answered before: a reset means it died (its task is
+        // lost; switching would not help). Requests it leaves unanswered,
+        // kUnansweredBeforeSwitch in a row while it lives, mean this path
+        // went silent (seen with UCX after churn): the fallback may work.
+        if (!allow_ || !absl::IsDeadlineExceeded(r.status()) ||
+            ++unanswered_ < kUnansweredBeforeSwitch) {
+          return done(std::move(r));
+        }
+      }
       if (!allow_) {
         return done(absl::UnavailableError(absl::StrCat(
             "cannot reach worker ", peer_, " over ", primary_->protocol(), " and fallback to ",
@@ -59,9 +70,11 @@ class FallbackTransport final : public ElementTransport {
   // its may still send on the fallback.
   std::unique_ptr<ElementTransport> fallback_;
   std::unique_ptr<ElementTransport> primary_;
+  static constexpr int kUnansweredBeforeSwitch = 2;
   const std::string peer_;
   const bool allow_;
   std::atomic<bool> switched_{false}, worked_{false};
+  std::atomic<int> unanswered_{0};  // primary requests timed out in a row
 };
 
 }  // namespace

@@ -166,8 +166,10 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
 // after the worker handed its elements out, so it is not sent again as it
 // was, which would leave those elements a gap nobody asks to be resent.
 // With allow_fallback = false the primary's error is returned instead.
-// Errors after a first success pass through: the peer died, and switching
-// paths would not help.
+// After a first success, errors pass through (a reset: the peer died, and
+// switching paths would not help), except that two requests in a row left
+// unanswered (DeadlineExceeded) switch too: the primary went silent to a
+// peer that may still serve the fallback.
 std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementTransport> primary,
                                                        std::unique_ptr<ElementTransport> fallback,
                                                        std::string peer, bool allow_fallback);

@@ -308,6 +308,49 @@ TEST(UcxStatusTest, PeerFailuresWithoutABetterCodeAreUnavailable) {
   EXPECT_OK(UcsPeerError(UCS_OK, "x"));
 }
 
+// A primary that answered, then leaves requests unanswered while its peer
+// lives: a reset passes through (the peer died), one timeout passes
+// through, two in a row switch to the fallback.
+TEST(UcxFallbackTest, APrimaryThatWentSilentSwitchesAfterTwoUnansweredRequests) {
+  class Scripted final : public ElementTransport {
+   public:
+    explicit Scripted(std::vector<absl::Status> script) : script_(std::move(script)) {}
+    void GetElementAsync(const ElementRequest&, ElementCallback done) override {
+      const absl::Status s = next_ < script_.size() ? script_[next_++] : absl::OkStatus();
+      if (!s.ok()) return done(s);
+      ElementResult r;
+      r.elements.push_back({Tensor::Scalar<int32_t>(7)});
+      done(std::move(r));
+    }
+    void Cancel() override {}
+    std::string protocol() const override { return "ucx"; }
+
+   private:
+    std::vector<absl::Status> script_;
+    size_t next_ = 0;
+  };
+  const absl::Status reset = absl::UnavailableError("reset");
+  const absl::Status silent = absl::DeadlineExceededError("no reply");
+  for (bool allow : {true, false}) {
+    SCOPED_TRACE(allow);
+    auto t = MakeFallbackTransport(
+        std::make_unique<Scripted>(std::vector<absl::Status>{
+            absl::OkStatus(), reset, silent, absl::OkStatus(), silent, silent}),
+        std::make_unique<FixedTransport>(), "worker-under-test", allow);
+    ElementRequest req;
+    ASSERT_OK_AND_ASSIGN(ElementResult first, t->GetElement(req));
+    EXPECT_EQ(first.elements.at(0)[0].at<int32_t>(0), 7);
+    EXPECT_STATUS(t->GetElement(req), absl::StatusCode::kUnavailable, "reset");
+    EXPECT_STATUS(t->GetElement(req), absl::StatusCode::kDeadlineExceeded, "no reply");
+    ASSERT_OK(t->GetElement(req));  // an answer resets the count
+    EXPECT_STATUS(t->GetElement(req), absl::StatusCode::kDeadlineExceeded, "no reply");
+    EXPECT_STATUS(t->GetElement(req), absl::StatusCode::kDeadlineExceeded, "no reply");
+    ASSERT_OK_AND_ASSIGN(ElementResult after, t->GetElement(req));
+    EXPECT_EQ(t->protocol(), allow ? "grpc" : "ucx");
+    EXPECT_EQ(after.elements.at(0)[0].at<int32_t>(0), allow ? 42 : 7);
+  }
+}
+
 TEST(UcxFallbackTest, UnreachableUcxFallsBackOrFailsAsConfigured) {
   // Nothing listens there: start and stop a server to find a free port.
   std::string address;
