@@ -46,6 +46,7 @@
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/transport_registry.h"
 #include "sluice/dataset/dataset_internal.h"
+#include "sluice/dataset/ops/op.h"
 #include "sluice/topology/topology.h"
 #include "spdlog/spdlog.h"
 
@@ -139,10 +140,21 @@ class DataServiceIterator final : public Iterator {
  public:
   static absl::StatusOr<std::unique_ptr<Iterator>> Create(
       const proto::DatasetNode::DataService& node, const DistributeOptions& options,
-      int64_t repetition) {
+      int64_t repetition, const std::string* resume) {
     SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(node.service()));
     SLUICE_ASSIGN_OR_RETURN(proto::ProcessingMode mode,
                             internal::ParseProcessingMode(node.processing_mode()));
+    proto::ServiceCheckpoint resume_from;
+    if (resume != nullptr) {
+      if (mode != proto::DISTRIBUTED_EPOCH || node.num_consumers() > 0) {
+        return absl::InvalidArgumentError(
+            "the checkpoint holds a service position, but this Distribute is not "
+            "distributed_epoch: restore into the pipeline that saved it");
+      }
+      if (!resume_from.ParseFromString(*resume)) {
+        return internal::CorruptCheckpoint("Distribute's position does not parse");
+      }
+    }
     SLUICE_ASSIGN_OR_RETURN(
         const internal::TransportProtocol* protocol,
         internal::FindTransportProtocol(options.data_transfer_protocol, "Distribute"));
@@ -213,11 +225,15 @@ class DataServiceIterator final : public Iterator {
     iter_req.set_repetition(repetition);
     iter_req.set_consumer_index(node.consumer_index());
     iter_req.set_host_id(internal::LocalHostId());
+    if (resume != nullptr) {
+      *iter_req.mutable_resume() = std::move(resume_from);
+    }
     proto::GetOrCreateIterationResponse iter;
     SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(),
                                 &proto::DispatcherService::Stub::GetOrCreateIteration, iter_req,
                                 &iter, address, timeout));
     it->client_id_ = iter.iteration_client_id();
+    it->split_positions_ = iter.split_positions();
     it->MakeReader();
     GetCounters().started++;
     // Learn the current tasks at once; the heartbeat thread retries
@@ -263,12 +279,41 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
-  // Service checkpoints (a consumer's delivered splits and rounds) are
-  // not implemented yet.
-  absl::Status SaveState(proto::IteratorState*) const override {
-    return absl::UnimplementedError(
-        "Distribute cannot save its position yet (Iterator::Save): a service iterator's "
-        "checkpoint is not implemented; local pipelines can save theirs");
+  // distributed_epoch: this consumer's position in the iteration, by
+  // source positions (proto::ServiceCheckpoint; docs/checkpointing.md).
+  absl::Status SaveState(proto::IteratorState* state) const override ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!distributed_) {
+      return absl::UnimplementedError(absl::StrCat(
+          "Distribute cannot save a ", node_.processing_mode(), " position (Iterator::Save): ",
+          coordinated_ ? "coordinated reads cannot be checkpointed yet"
+                       : "every worker reads the whole dataset at its own pace, so no "
+                         "position of the job names what was delivered; use "
+                         "distributed_epoch (docs/checkpointing.md)"));
+    }
+    absl::MutexLock l(&mu_);
+    if (!ErrorLocked().ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Distribute cannot save the position of a failed iteration: ",
+          ErrorLocked().message()));
+    }
+    const internal::SplitProgressTracker* progress = reader_->progress();
+    if (progress == nullptr || progress->untracked()) {
+      return absl::UnimplementedError(
+          "Distribute cannot save its position: the pipeline before it does not tie elements "
+          "to splits of its source (an op such as Batch, Shuffle or Interleave runs before "
+          "Distribute); move it after Distribute (docs/checkpointing.md)");
+    }
+    state->set_op(internal::kDataServiceOpName);
+    state->set_blob(progress->Save(split_positions_).SerializeAsString());
+    return absl::OkStatus();
+  }
+  // The position was taken when the iteration was created (ServiceResume).
+  absl::Status RestoreState(const proto::IteratorState& state) override {
+    if (state.op() != internal::kDataServiceOpName) {
+      return internal::CorruptCheckpoint(absl::StrCat("it saved ", state.op(),
+                                                      " where the pipeline has Distribute"));
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::optional<Element>> Next() override ABSL_LOCKS_EXCLUDED(mu_) {
@@ -640,9 +685,10 @@ class DataServiceIterator final : public Iterator {
   const std::shared_ptr<absl::Notification> callbacks_done_;
   std::shared_ptr<void> alive_;
   int64_t client_id_ = 0;
+  int64_t split_positions_ = 0;  // distributed_epoch: what checkpoints are saved over
   std::vector<std::thread> threads_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<int64_t, internal::ClientTask> tasks_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<internal::Reader> reader_ ABSL_GUARDED_BY(mu_);
   internal::RoundReader* rounds_ ABSL_GUARDED_BY(mu_) = nullptr;  // reader_, if coordinated
@@ -668,13 +714,26 @@ class ClientServiceReader final : public internal::ServiceReader {
   explicit ClientServiceReader(DistributeOptions options) : options_(std::move(options)) {}
 
   absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(
-      const proto::DatasetNode::DataService& node, int64_t repetition) const override {
-    return DataServiceIterator::Create(node, options_, repetition);
+      const proto::DatasetNode::DataService& node, int64_t repetition,
+      const std::string* resume) const override {
+    return DataServiceIterator::Create(node, options_, repetition, resume);
   }
 
  private:
   const DistributeOptions options_;
 };
+
+// MergeCheckpoints: the path from a checkpoint's root to its Distribute
+// state (empty when it has none).
+bool PathToService(proto::IteratorState* state, std::vector<proto::IteratorState*>* path) {
+  path->push_back(state);
+  if (state->op() == internal::kDataServiceOpName) return true;
+  for (proto::IteratorState& in : *state->mutable_inputs()) {
+    if (PathToService(&in, path)) return true;
+  }
+  path->pop_back();
+  return false;
+}
 
 bool ContainsDataService(const internal::Analysis& a) {
   if (a.node->op_case() == proto::DatasetNode::kDataService) return true;
@@ -837,6 +896,43 @@ absl::StatusOr<std::string> RegisterDataset(const Dataset& dataset,
   SLUICE_RETURN_IF_ERROR(internal::ValidateAuthToken(options.auth_token, "RegisterDataset"));
   return RegisterWith(options.service, dataset, dataset_id, SecurityOf(options),
                       options.dispatcher_timeout_ms);
+}
+
+absl::StatusOr<std::string> MergeCheckpoints(const std::vector<std::string>& checkpoints) {
+  if (checkpoints.empty()) return absl::InvalidArgumentError("MergeCheckpoints: no checkpoints");
+  std::vector<proto::IteratorCheckpoint> parsed(checkpoints.size());
+  std::vector<proto::ServiceCheckpoint> services(checkpoints.size());
+  std::vector<std::vector<proto::IteratorState*>> paths(checkpoints.size());
+  for (size_t i = 0; i < checkpoints.size(); ++i) {
+    proto::IteratorCheckpoint& c = parsed[i];
+    if (!c.ParseFromString(checkpoints[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MergeCheckpoints: checkpoint ", i, " cannot be parsed: truncated or corrupt"));
+    }
+    if (c.format_version() != parsed[0].format_version() ||
+        c.fingerprint() != parsed[0].fingerprint()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MergeCheckpoints: checkpoint ", i, " is of another pipeline or format than checkpoint 0"));
+    }
+    if (!PathToService(c.mutable_root(), &paths[i]) ||
+        !services[i].ParseFromString(paths[i].back()->blob())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MergeCheckpoints: checkpoint ", i, " holds no service position (a Distribute in "
+          "distributed_epoch)"));
+    }
+    for (size_t d = 0; d + 1 < paths[i].size(); ++d) {
+      if (paths[i][d]->elements_size() > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MergeCheckpoints: in checkpoint ", i, ", ", paths[i][d]->op(), " after Distribute "
+            "holds ", paths[i][d]->elements_size(), " element(s) that a merged checkpoint cannot "
+            "keep; save when it holds none (after a whole batch was taken)"));
+      }
+    }
+  }
+  SLUICE_ASSIGN_OR_RETURN(proto::ServiceCheckpoint merged,
+                          internal::MergeServiceCheckpoints(services));
+  paths[0].back()->set_blob(merged.SerializeAsString());
+  return parsed[0].SerializeAsString();
 }
 
 DataServiceStats GetDataServiceStats() {

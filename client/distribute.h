@@ -174,6 +174,18 @@ absl::StatusOr<std::string> RegisterDataset(const Dataset& dataset,
                                             const DistributeOptions& options,
                                             const std::string& dataset_id = "");
 
+// Checkpoints of a job read by several consumers (docs/checkpointing.md):
+// each consumer saves its iterator (Iterator::Save) at the same training
+// step; this merges those checkpoints into one that every consumer of the
+// resumed job restores (Dataset::MakeIterator(checkpoint)), with any
+// number of consumers and workers: the resumed distributed_epoch iteration
+// yields exactly the elements none of them delivered. The ops after
+// Distribute resume from the first checkpoint's position; they must hold
+// no elements at the save (save after a whole batch was taken), else
+// InvalidArgument names the op. Checkpoints of different pipelines or
+// iterations are InvalidArgument.
+absl::StatusOr<std::string> MergeCheckpoints(const std::vector<std::string>& checkpoints);
+
 // Process-wide counters of the data-service client.
 struct DataServiceStats {
   int64_t elements_received = 0;

@@ -131,6 +131,7 @@ void SplitDedup::SetWatermark(int64_t watermark, bool hold) {
 Element Reader::TakeElement() {
   Piece& batch = results_.front();
   last_key_ = batch.positions[next_in_batch_].key;
+  OnTaken(batch.positions[next_in_batch_]);
   Element e = std::move(batch.elements[next_in_batch_++]);
   if (next_in_batch_ == batch.elements.size()) {
     results_.pop_front();
@@ -292,6 +293,7 @@ void FcfsReader::Deliver(ClientTask& t, std::vector<Piece> pieces) {
       const SplitPosition pos = i < piece.positions.size() ? piece.positions[i] : SplitPosition{};
       if (pos.split_id > 0) ++t.unacked[pos.split_id];
       if (dedup_.FirstDelivery(pos.split_id, pos.index)) {
+        if (options_.distributed) progress_.Queued(pos);
         fresh.elements.push_back(std::move(piece.elements[i]));
         fresh.positions.push_back(pos);
       } else {
@@ -387,7 +389,112 @@ bool FcfsReader::LostTaskInFlight(const std::map<int64_t, ClientTask>& tasks) co
 
 void FcfsReader::SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) {
   watermark_ = std::max(watermark_, watermark);
+  progress_.SetWatermark(watermark_);
   dedup_.SetWatermark(watermark_, LostTaskInFlight(tasks));
+}
+
+// ---- SplitProgressTracker ---------------------------------------------------------
+
+void SplitProgressTracker::Queued(const SplitPosition& pos) {
+  if (pos.split_id <= 0 || pos.index < 0) return;
+  Progress& p = splits_[pos.split_id];
+  p.epoch = pos.epoch;
+  p.begin = pos.begin;
+  p.end = pos.end;
+  ++p.queued;
+}
+
+void SplitProgressTracker::Returned(const SplitPosition& pos) {
+  if (pos.split_id <= 0 || pos.index < 0) {
+    untracked_ = true;
+    return;
+  }
+  Progress& p = splits_[pos.split_id];
+  p.delivered.Insert(pos.index);
+  ++p.returned;
+}
+
+proto::ServiceCheckpoint SplitProgressTracker::Save(int64_t positions) const {
+  proto::ServiceCheckpoint c;
+  c.set_version(1);
+  c.set_positions(positions);
+  c.set_split_watermark(watermark_);
+  c.set_consumers(1);
+  // By (epoch, begin), as the dispatcher's provider reads them.
+  std::vector<const std::pair<const int64_t, Progress>*> order;
+  for (const auto& entry : splits_) order.push_back(&entry);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    return std::tie(a->second.epoch, a->second.begin) < std::tie(b->second.epoch, b->second.begin);
+  });
+  for (const auto* entry : order) {
+    const auto& [id, p] = *entry;
+    proto::SplitProgress* sp = c.add_splits();
+    sp->set_split_id(id);
+    sp->set_epoch(p.epoch);
+    sp->set_begin(p.begin);
+    sp->set_end(p.end);
+    sp->set_undelivered(p.queued > p.returned);
+    sp->set_done(id < watermark_ && p.queued <= p.returned);
+    // Kept when done too: merged with other consumers' saves, the split
+    // may not be (MergeServiceCheckpoints).
+    sp->set_delivered_prefix(p.delivered.prefix());
+    sp->set_delivered_beyond(p.delivered.beyond());
+  }
+  return c;
+}
+
+absl::StatusOr<proto::ServiceCheckpoint> MergeServiceCheckpoints(
+    const std::vector<proto::ServiceCheckpoint>& parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("no service checkpoints to merge");
+  struct Merged {
+    int64_t end = 0, split_id = 0;
+    bool undelivered = false;
+    IndexSet delivered;
+  };
+  std::map<std::pair<int64_t, int64_t>, Merged> splits;  // by (epoch, begin)
+  int64_t watermark = parts[0].split_watermark();
+  int32_t consumers = 0;
+  for (const proto::ServiceCheckpoint& c : parts) {
+    if (c.version() != 1 || c.positions() != parts[0].positions()) {
+      return absl::InvalidArgumentError(
+          "the service checkpoints to merge are of different versions or sources");
+    }
+    watermark = std::min(watermark, c.split_watermark());
+    consumers += std::max(1, c.consumers());
+    for (const proto::SplitProgress& sp : c.splits()) {
+      auto [m, fresh] = splits.try_emplace({sp.epoch(), sp.begin()});
+      Merged& into = m->second;
+      if (!fresh && (into.end != sp.end() || into.split_id != sp.split_id())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the service checkpoints to merge cut epoch ", sp.epoch(), " differently at position ",
+            sp.begin(), ": they are of different iterations"));
+      }
+      into.end = sp.end();
+      into.split_id = sp.split_id();
+      into.undelivered = into.undelivered || sp.undelivered();
+      into.delivered.Merge(IndexSet(sp.delivered_prefix(), sp.delivered_beyond()));
+    }
+  }
+  proto::ServiceCheckpoint out;
+  out.set_version(1);
+  out.set_positions(parts[0].positions());
+  out.set_split_watermark(watermark);
+  out.set_consumers(consumers);
+  for (const auto& [at, m] : splits) {
+    proto::SplitProgress* sp = out.add_splits();
+    sp->set_epoch(at.first);
+    sp->set_begin(at.second);
+    sp->set_end(m.end);
+    sp->set_split_id(m.split_id);
+    sp->set_undelivered(m.undelivered);
+    // Complete before the earliest save, and nothing of it held back.
+    sp->set_done(m.split_id > 0 && m.split_id < watermark && !m.undelivered);
+    if (!sp->done()) {
+      sp->set_delivered_prefix(m.delivered.prefix());
+      sp->set_delivered_beyond(m.delivered.beyond());
+    }
+  }
+  return out;
 }
 
 // ---- RoundReader -------------------------------------------------------------------

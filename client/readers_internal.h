@@ -27,6 +27,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sluice/client/distribute.h"
+#include "rpc/service.pb.h"
+#include "sluice/core/index_set.h"
 #include "sluice/core/tensor.h"
 #include "sluice/dataplane/element_transport.h"
 
@@ -129,6 +131,45 @@ class SplitDedup {
   int64_t watermark_ = 0;
 };
 
+// distributed_epoch: how far this consumer got, per split, for its
+// service checkpoint (proto::ServiceCheckpoint; docs/checkpointing.md).
+// An element counts as delivered once Next() returned it: elements
+// received but still buffered are not. A split is done when every split
+// below the dispatcher's watermark completed (all its elements reached
+// consumers) and this consumer holds none of its elements undelivered.
+class SplitProgressTracker {
+ public:
+  // An element was queued for Next() (after deduplication).
+  void Queued(const SplitPosition& pos);
+  // Next() returned it.
+  void Returned(const SplitPosition& pos);
+  void SetWatermark(int64_t watermark) { watermark_ = std::max(watermark_, watermark); }
+  // Whether an element without a split position was returned: the
+  // pipeline before Distribute does not tie elements to splits.
+  bool untracked() const { return untracked_; }
+  // The checkpoint, over a source of `positions` positions per epoch.
+  proto::ServiceCheckpoint Save(int64_t positions) const;
+
+ private:
+  struct Progress {
+    int64_t epoch = 0, begin = 0, end = 0;
+    int64_t queued = 0, returned = 0;
+    IndexSet delivered;
+  };
+  std::map<int64_t, Progress> splits_;  // by split id
+  int64_t watermark_ = 0;
+  bool untracked_ = false;
+};
+
+// Merges the service checkpoints of every consumer of one iteration, saved
+// at the same step, into one (consumers = their count): delivered indices
+// united, a split done only when it was complete before the earliest of
+// the saves (the lowest watermark) and no consumer held any of its
+// elements undelivered. InvalidArgument for checkpoints of different
+// iterations or sources.
+absl::StatusOr<proto::ServiceCheckpoint> MergeServiceCheckpoints(
+    const std::vector<proto::ServiceCheckpoint>& parts);
+
 // A task of the iteration, as the client reads it.
 struct ClientTask {
   int64_t id = 0;
@@ -203,6 +244,8 @@ class Reader {
   // Elements ready for Next(), in delivery order.
   bool HasElement() const { return !results_.empty(); }
   Element TakeElement();
+  // distributed_epoch: this consumer's progress (FcfsReader), else null.
+  virtual const SplitProgressTracker* progress() const { return nullptr; }
   // The key the worker gave the element TakeElement last returned
   // (Iterator::ElementKey), when its pipeline keeps one.
   std::optional<uint64_t> last_key() const { return last_key_; }
@@ -225,6 +268,9 @@ class Reader {
                    const std::string& what);
 
   bool stopping_ = false;
+  // Next() took the element at `pos` (FcfsReader records it).
+  virtual void OnTaken(const SplitPosition& pos) {}
+
   std::deque<Piece> results_;  // each non-empty, positions as many as elements
   size_t next_in_batch_ = 0;
   std::optional<uint64_t> last_key_;
@@ -247,6 +293,9 @@ class FcfsReader final : public Reader {
   void OnTaskLost(std::map<int64_t, ClientTask>& tasks, ClientTask& t) override;
   void SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) override;
   const SplitDedup& dedup() const { return dedup_; }
+  const SplitProgressTracker* progress() const override {
+    return options_.distributed ? &progress_ : nullptr;
+  }
 
  private:
   ClientTask* Pick(std::map<int64_t, ClientTask>& tasks, int64_t free, absl::Time now,
@@ -261,9 +310,13 @@ class FcfsReader final : public Reader {
   // with DataLoss when a recovery found nothing to resend.
   void FinishEndOfSequence(ClientTask& t);
   bool LostTaskInFlight(const std::map<int64_t, ClientTask>& tasks) const;
+  void OnTaken(const SplitPosition& pos) override {
+    if (options_.distributed) progress_.Returned(pos);
+  }
 
   const ReaderOptions options_;
   SplitDedup dedup_;
+  SplitProgressTracker progress_;
   int64_t watermark_ = 0;
   int64_t held_ = 0;            // replies held for order, across tasks
   bool probe_allowed_ = true;   // a probe of an idle task may be sent

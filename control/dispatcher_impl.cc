@@ -461,6 +461,11 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
       absl::MutexLock l(&mu_);
       SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
       const Job& job = state_.jobs().at(req.job_id());
+      if (req.has_resume() && job.mode != proto::DISTRIBUTED_EPOCH) {
+        return absl::InvalidArgumentError(
+            "GetOrCreateIteration: only a distributed_epoch iteration resumes from a "
+            "service checkpoint");
+      }
       if (job.mode != proto::DISTRIBUTED_EPOCH || job.iteration_by_repetition.count(req.repetition())) {
         return GetOrCreateIterationLocked(req, nullptr, resp);
       }
@@ -469,6 +474,10 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
     proto::CreateIterationUpdate splits;
     SLUICE_RETURN_IF_ERROR(SplitProvider::Describe(to_split, config_.range_split_elements,
                                                    config_.file_split_files, &splits));
+    if (req.has_resume()) {
+      SLUICE_RETURN_IF_ERROR(SplitProvider::CheckResume(req.resume(), splits.positions()));
+      *splits.mutable_resume() = req.resume();
+    }
     absl::MutexLock l(&mu_);
     SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
     return GetOrCreateIterationLocked(req, &splits, resp);
@@ -488,6 +497,12 @@ absl::Status DispatcherImpl::GetOrCreateIterationLocked(
     iteration_id = existing->second;
     const Iteration& it = state_.iterations().at(iteration_id);
     SLUICE_RETURN_IF_ERROR(CheckJoin(job, it, req, config_.job_gc_timeout_ms));
+    if (req.has_resume() && (it.splits == nullptr || !it.splits->ResumesFrom(req.resume()))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job.name, "' already has iteration ", req.repetition(),
+          ", not created from this checkpoint: resume into a job that does not exist yet (a "
+          "new job_name), with every consumer restoring the same merged checkpoint"));
+    }
     // LOCAL: the first consumer on this host brings tasks on its workers.
     task_policy_.ForNewHost(it, req.host_id(), &rec);
   } else {
@@ -513,6 +528,8 @@ absl::Status DispatcherImpl::GetOrCreateIterationLocked(
   if (created) rounds_.Start(iteration_id);
   resp->set_iteration_id(iteration_id);
   resp->set_iteration_client_id(c->client_id());
+  const Iteration& it = state_.iterations().at(iteration_id);
+  if (it.splits != nullptr) resp->set_split_positions(it.splits->positions());
   return absl::OkStatus();
 }
 

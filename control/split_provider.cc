@@ -92,9 +92,66 @@ absl::StatusOr<std::unique_ptr<SplitProvider>> SplitProvider::Create(
 SplitProvider::SplitProvider(const proto::CreateIterationUpdate& u)
     : positions_(u.positions()),
       split_elements_(std::max<int64_t>(1, u.split_elements())),
-      files_(u.files().begin(), u.files().end()) {}
+      files_(u.files().begin(), u.files().end()) {
+  if (!u.has_resume()) return;
+  resume_def_ = u.resume();
+  for (const proto::SplitProgress& sp : u.resume().splits()) {
+    ResumeRange r;
+    r.end = sp.end();
+    r.done = sp.done();
+    r.delivered = IndexSet(sp.delivered_prefix(), sp.delivered_beyond());
+    resume_[sp.epoch()][sp.begin()] = std::move(r);
+  }
+}
+
+absl::Status SplitProvider::CheckResume(const proto::ServiceCheckpoint& resume,
+                                        int64_t positions) {
+  if (resume.version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the service checkpoint has version ", resume.version(), "; this dispatcher reads 1"));
+  }
+  if (resume.positions() != positions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the service checkpoint was saved over ", resume.positions(),
+        " source positions per epoch; the source has ", positions,
+        " now (its files changed?): it cannot resume there"));
+  }
+  std::map<int64_t, std::map<int64_t, int64_t>> ranges;  // epoch -> begin -> end
+  for (const proto::SplitProgress& sp : resume.splits()) {
+    if (sp.epoch() < 0 || sp.begin() < 0 || sp.end() <= sp.begin() || sp.end() > positions ||
+        sp.delivered_prefix() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the service checkpoint holds a bad split: epoch ", sp.epoch(), ", positions [",
+          sp.begin(), ", ", sp.end(), ") of ", positions));
+    }
+    auto& epoch = ranges[sp.epoch()];
+    auto next = epoch.lower_bound(sp.begin());
+    const bool overlaps_next = next != epoch.end() && next->first < sp.end();
+    const bool overlaps_prev = next != epoch.begin() && std::prev(next)->second > sp.begin();
+    if (overlaps_next || overlaps_prev) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the service checkpoint's splits overlap in epoch ", sp.epoch(), " at positions [",
+          sp.begin(), ", ", sp.end(), ")"));
+    }
+    epoch.emplace(sp.begin(), sp.end());
+  }
+  return absl::OkStatus();
+}
+
+int64_t SplitProvider::SkipDone(int64_t epoch, int64_t p) const {
+  auto e = resume_.find(epoch);
+  if (e == resume_.end()) return p;
+  while (true) {
+    auto r = e->second.find(p);
+    if (r == e->second.end() || !r->second.done) return p;
+    p = r->second.end;
+  }
+}
 
 void SplitProvider::DescribeTo(proto::CreateIterationUpdate* u) const {
+  if (resume_def_) {
+    *u->mutable_resume() = *resume_def_;
+  }
   u->set_has_splits(true);
   u->set_positions(positions_);
   u->set_split_elements(split_elements_);
@@ -120,11 +177,23 @@ bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* r
     *assign->mutable_split() = open_.at(e.queue.front()).def;
     return true;
   }
-  if (e.next_position < positions_) {
+  const int64_t begin = SkipDone(epoch, e.next_position);
+  if (begin < positions_) {
     proto::SplitProto* def = assign->mutable_split();
     def->set_epoch(epoch);
-    const int64_t begin = e.next_position;
-    const int64_t end = std::min(positions_, begin + split_elements_);
+    int64_t end = std::min(positions_, begin + split_elements_);
+    auto resumed = resume_.find(epoch);
+    if (resumed != resume_.end()) {
+      auto r = resumed->second.lower_bound(begin);
+      if (r != resumed->second.end() && r->first == begin) {
+        // Cut as it was when saved, its delivered elements skipped.
+        end = r->second.end;
+        def->set_skip_prefix(r->second.delivered.prefix());
+        def->set_skip(r->second.delivered.beyond());
+      } else if (r != resumed->second.end()) {
+        end = std::min(end, r->first);  // up to the next saved split
+      }
+    }
     // A file split is its positions in the sorted list (what seeds random
     // functions on its elements: SourceKey); NameFiles adds the names.
     def->set_begin(begin);
@@ -218,7 +287,9 @@ bool SplitProvider::Complete(int64_t task, int64_t split) {
     auto low = epochs_.find(done_below_);
     if (low == epochs_.end()) break;
     const Epoch& ep = low->second;
-    if (ep.open > 0 || !ep.queue.empty() || ep.next_position < positions_) break;
+    if (ep.open > 0 || !ep.queue.empty() || SkipDone(done_below_, ep.next_position) < positions_) {
+      break;
+    }
     epochs_.erase(low);
     ++done_below_;
   }

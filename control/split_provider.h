@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "control/journal.pb.h"
 #include "dataset/dataset.pb.h"
+#include "sluice/core/index_set.h"
 #include "rpc/service.pb.h"
 
 namespace sluice::internal {
@@ -57,6 +58,14 @@ class SplitProvider {
   // the files cannot be listed here.
   static absl::Status Describe(const proto::DatasetNode& source, int64_t range_split_elements,
                                int64_t file_split_files, proto::CreateIterationUpdate* u);
+  // InvalidArgument unless `resume` fits a source of `positions` positions
+  // per epoch (the positions it was saved with; ranges inside them, not
+  // empty, disjoint within an epoch).
+  static absl::Status CheckResume(const proto::ServiceCheckpoint& resume, int64_t positions);
+  // Whether the iteration was created to resume from exactly `resume`.
+  bool ResumesFrom(const proto::ServiceCheckpoint& resume) const {
+    return resume_def_ && resume_def_->SerializeAsString() == resume.SerializeAsString();
+  }
   // The files per split when not configured: about 256 splits for a small
   // listing (a small corpus still spreads over many workers), runs of 256
   // files from 65,536 files on (ImageNet's 1.28 M files take 5,000
@@ -120,9 +129,24 @@ class SplitProvider {
   const std::map<int64_t, OpenSplit>& open() const { return open_; }
   const std::map<int64_t, Epoch>& epochs() const { return epochs_; }
   int64_t done_below() const { return done_below_; }
+  int64_t positions() const { return positions_; }
 
  private:
   void Enqueue(std::map<int64_t, OpenSplit>::iterator o);
+  // A resumed iteration (CreateIterationUpdate::resume): the first
+  // position from `p` on in `epoch` that no done range covers.
+  int64_t SkipDone(int64_t epoch, int64_t p) const;
+
+  // The resume checkpoint's ranges by epoch and begin: done ones are
+  // skipped; the others are handed out as they were cut, with their
+  // delivered elements to skip (SplitProto::skip).
+  struct ResumeRange {
+    int64_t end = 0;
+    bool done = false;
+    IndexSet delivered;
+  };
+  std::map<int64_t, std::map<int64_t, ResumeRange>> resume_;
+  std::optional<proto::ServiceCheckpoint> resume_def_;
 
   int64_t positions_ = 0;          // source positions per epoch (files: count)
   int64_t split_elements_ = 1;     // positions per split

@@ -90,6 +90,9 @@ struct SplitPosition {
   int64_t split_id = -1;
   int64_t index = -1;
   std::optional<uint64_t> key;
+  // With split_id: the split's source range (proto::SplitProto epoch, begin,
+  // end), what a service checkpoint records (docs/checkpointing.md).
+  int64_t epoch = 0, begin = 0, end = 0;
 };
 
 struct ElementResult {

@@ -111,6 +111,9 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
         Put(f, resp->mutable_frame());
         resp->set_split_id(f.position.split_id);
         resp->set_split_index(f.position.index);
+        resp->set_split_epoch(f.position.epoch);
+        resp->set_split_begin(f.position.begin);
+        resp->set_split_end(f.position.end);
         resp->set_has_key(f.position.key.has_value());
         resp->set_key(f.position.key.value_or(0));
         resp->set_seq(served->seq);
@@ -119,6 +122,9 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
         Put(f, e->mutable_frame());
         e->set_split_id(f.position.split_id);
         e->set_split_index(f.position.index);
+        e->set_split_epoch(f.position.epoch);
+        e->set_split_begin(f.position.begin);
+        e->set_split_end(f.position.end);
         e->set_has_key(f.position.key.has_value());
         e->set_key(f.position.key.value_or(0));
       }

@@ -147,8 +147,7 @@ class GrpcElementTransport final : public ElementTransport {
     // The elements view the response's bytes (moved out once, kept alive
     // by the tensors).
     auto owned = std::make_shared<proto::GetElementResponse>(std::move(resp));
-    auto add = [&](const std::string& frame, int64_t split_id, int64_t split_index, bool has_key,
-                   uint64_t key) -> absl::Status {
+    auto add = [&](const std::string& frame, const auto& m) -> absl::Status {
       out.bytes += frame.size();
       auto decoded = DecodeFrame(reinterpret_cast<const uint8_t*>(frame.data()), frame.size(),
                                  owned, max_element_bytes);
@@ -158,14 +157,21 @@ class GrpcElementTransport final : public ElementTransport {
                                                 decoded.status().message()));
       }
       out.elements.push_back(std::move(decoded->element));
-      out.positions.push_back(
-          {split_id, split_index, has_key ? std::optional<uint64_t>(key) : std::nullopt});
+      SplitPosition pos;
+      pos.split_id = m.split_id();
+      pos.index = m.split_index();
+      if (m.has_key()) pos.key = m.key();
+      pos.epoch = m.split_epoch();
+      pos.begin = m.split_begin();
+      pos.end = m.split_end();
+      out.positions.push_back(pos);
       return absl::OkStatus();
     };
-    SLUICE_RETURN_IF_ERROR(add(owned->frame(), owned->split_id(), owned->split_index(),
-                               owned->has_key(), owned->key()));
+    // The first element in the response's own fields, the others in `more`
+    // (the same field names).
+    SLUICE_RETURN_IF_ERROR(add(owned->frame(), *owned));
     for (const proto::BatchedElement& e : owned->more()) {
-      SLUICE_RETURN_IF_ERROR(add(e.frame(), e.split_id(), e.split_index(), e.has_key(), e.key()));
+      SLUICE_RETURN_IF_ERROR(add(e.frame(), e));
     }
     out.seq = owned->seq();
     return out;

@@ -1,4 +1,4 @@
-// The UCX element transfer protocol (active messages), version 5. Internal.
+// The UCX element transfer protocol (active messages), version 7. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
 // data; its header (80 bytes, little-endian), the token, then the acks:
@@ -36,7 +36,9 @@
 // (version 2 had a 56-byte header); version 4 added max_outstanding, the
 // request flags and client_id (version 3 had a 64-byte header) and the
 // reply's seq; version 5 added delivered_seq, the resend flag and the
-// reply's resent flag (version 4 had a 72-byte header).
+// reply's resent flag (version 4 had a 72-byte header); version 6 added
+// compression flags; version 7 the split range of a reply's elements
+// (the reply's bit7 and 72-byte batch entries: service checkpoints).
 //
 // Worker -> client: AM kElementAm on the reply endpoint; header (64 bytes)
 // followed by `inline_len` bytes:
@@ -46,7 +48,10 @@
 //   | 4      | 2    | flags: bit0 end_of_sequence, bit1 not_ready,     |
 //   |        |      | bit2 error, bit3 batch, bit4 split frame, bit5   |
 //   |        |      | resent (ElementResult::resent), bit6 keyed: the  |
-//   |        |      | element has a key (offset 56)                    |
+//   |        |      | element has a key (offset 56), bit7 split range: |
+//   |        |      | the inline bytes end with the element's split's  |
+//   |        |      | epoch, begin and end (3 x 8 bytes, not counted   |
+//   |        |      | in a split frame's header)                       |
 //   | 6      | 2    | reserved (0)                                     |
 //   | 8      | 8    | request_id                                       |
 //   | 16     | 4    | status code (absl::StatusCode) when bit2         |
@@ -78,10 +83,11 @@
 //   | 0      | 4      | magic 'S' 'L' 'B' 'T'                          |
 //   | 4      | 4      | count n (2..kMaxBatchElements)                 |
 //   | 8      | 8      | reserved (0)                                   |
-//   | 16     | 48 * n | entries: offset (from the blob's start, 64-    |
+//   | 16     | 72 * n | entries: offset (from the blob's start, 64-    |
 //   |        |        | byte aligned), frame size, split_id, index in  |
 //   |        |        | split, key, keyed (1: the key is the           |
-//   |        |        | element's; 0: it has none) (each 8 bytes)      |
+//   |        |        | element's; 0: it has none), the split's epoch, |
+//   |        |        | begin and end (each 8 bytes)                   |
 //   | ...    |        | the frames at their offsets, in task order     |
 #pragma once
 
@@ -95,7 +101,7 @@ inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
 inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
-inline constexpr uint32_t kProtocolVersion = 6;
+inline constexpr uint32_t kProtocolVersion = 7;
 inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxBatchElements = 1024;
 
@@ -121,7 +127,15 @@ enum ReplyFlags : uint16_t {
   kReplySplitFrame = 1u << 4,
   kReplyResent = 1u << 5,
   kReplyKeyed = 1u << 6,
+  kReplySplitRange = 1u << 7,
 };
+// What kReplySplitRange appends to the inline bytes.
+struct SplitRange {
+  int64_t epoch;
+  int64_t begin;
+  int64_t end;
+};
+static_assert(sizeof(SplitRange) == 24);
 
 struct RequestHeader {
   uint32_t magic;
@@ -181,8 +195,11 @@ struct BatchEntry {
   int64_t split_index;
   uint64_t key;
   uint64_t keyed;  // 1: `key` is the element's
+  int64_t split_epoch;
+  int64_t split_begin;
+  int64_t split_end;
 };
-static_assert(sizeof(BatchEntry) == 48);
+static_assert(sizeof(BatchEntry) == 72);
 
 inline constexpr uint64_t AlignUp64(uint64_t v) { return (v + 63) / 64 * 64; }
 

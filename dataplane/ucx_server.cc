@@ -286,6 +286,11 @@ struct UcxElementServer::Impl {
           out->memh = f.memh;
         }
         if (f.position.key) h.flags |= ucx::kReplyKeyed;
+        if (f.position.split_id >= 0) {
+          h.flags |= ucx::kReplySplitRange;
+          const ucx::SplitRange range{f.position.epoch, f.position.begin, f.position.end};
+          out->reply.append(reinterpret_cast<const char*>(&range), sizeof(range));
+        }
         out->frames = std::move(r->frames);
         if (r->resent) h.flags |= ucx::kReplyResent;
       } else {
@@ -332,8 +337,9 @@ struct UcxElementServer::Impl {
     std::vector<ucx::BatchEntry> entries(n);
     for (size_t i = 0; i < n; ++i) {
       const SplitPosition& pos = frames[i].position;
-      entries[i] = {total, frames[i].frame_size(), pos.split_id, pos.index, pos.key.value_or(0),
-                    pos.key.has_value()};
+      entries[i] = {total,     frames[i].frame_size(), pos.split_id, pos.index,
+                    pos.key.value_or(0), pos.key.has_value(), pos.epoch, pos.begin,
+                    pos.end};
       total += ucx::AlignUp64(frames[i].frame_size());
     }
     SLUICE_ASSIGN_OR_RETURN(out->blob, send_pool->Acquire(total));

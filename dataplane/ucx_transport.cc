@@ -482,8 +482,14 @@ class UcxClient {
       if (absl::IsResourceExhausted(decoded.status())) return decoded.status();
       if (!decoded.ok()) return BadReply(decoded.status().message());
       r->elements.push_back(std::move(decoded->element));
-      r->positions.push_back({e.split_id, e.split_index,
-                              e.keyed != 0 ? std::optional<uint64_t>(e.key) : std::nullopt});
+      SplitPosition pos;
+      pos.split_id = e.split_id;
+      pos.index = e.split_index;
+      if (e.keyed != 0) pos.key = e.key;
+      pos.epoch = e.split_epoch;
+      pos.begin = e.split_begin;
+      pos.end = e.split_end;
+      r->positions.push_back(pos);
     }
     return absl::OkStatus();
   }
@@ -536,7 +542,16 @@ class UcxClient {
     std::shared_ptr<Pending> p = self->Unregister(h.request_id, /*replied=*/true);
     if (p == nullptr || p->Done()) return drop();  // stale: cancelled or timed out
     const uint8_t* inline_bytes = static_cast<const uint8_t*>(header) + sizeof(h);
-    const size_t inline_len = std::min<size_t>(h.inline_len, header_length - sizeof(h));
+    size_t inline_len = std::min<size_t>(h.inline_len, header_length - sizeof(h));
+    ucx::SplitRange range{0, 0, 0};
+    if (h.flags & ucx::kReplySplitRange) {
+      if (inline_len < sizeof(range)) {
+        Complete(p, BadReply("a split range flagged but not sent"));
+        return drop();
+      }
+      inline_len -= sizeof(range);
+      std::memcpy(&range, inline_bytes + inline_len, sizeof(range));
+    }
     if (h.flags & ucx::kReplyError) {
       std::string msg(reinterpret_cast<const char*>(inline_bytes), inline_len);
       Complete(p, absl::Status(static_cast<absl::StatusCode>(h.code), msg));
@@ -569,7 +584,8 @@ class UcxClient {
     p->header_bytes = p->kind == ucx::kReplySplitFrame ? inline_len : 0;
     p->position = {h.split_id, h.split_index,
                    (h.flags & ucx::kReplyKeyed) != 0 ? std::optional<uint64_t>(h.key)
-                                                     : std::nullopt};
+                                                     : std::nullopt,
+                   range.epoch, range.begin, range.end};
     p->seq = h.seq;
     p->data_size = length;
     auto buffer = self->pool_->Acquire(p->header_bytes + ucx::AlignUp64(length));

@@ -165,6 +165,13 @@ absl::StatusOr<Element> RestoreElement(const proto::IteratorState& state, int i)
 
 namespace {
 
+// The states a service iterator saved (op Distribute, with a position).
+void FindServiceStates(const proto::IteratorState& state,
+                       std::vector<const proto::IteratorState*>* out) {
+  if (state.op() == kDataServiceOpName && !state.blob().empty()) out->push_back(&state);
+  for (const proto::IteratorState& in : state.inputs()) FindServiceStates(in, out);
+}
+
 // The iterator Dataset::MakeIterator returns: what Save() frames.
 class RootIterator : public Iterator {
  public:
@@ -223,6 +230,19 @@ absl::StatusOr<std::unique_ptr<Iterator>> RestoreRootIterator(AnalysisPtr analys
   }
   ctx.salt = c.salt();
   ctx.seed = c.seed();
+  // A service iterator's position is where its iteration is created, not
+  // restored after: found here and handed to the first one made.
+  std::vector<const proto::IteratorState*> service;
+  FindServiceStates(c.root(), &service);
+  if (service.size() > 1) {
+    return absl::UnimplementedError(
+        "the checkpoint holds the positions of several Distribute iterators; a pipeline "
+        "resumes one service iteration");
+  }
+  if (!service.empty()) {
+    ctx.service_resume = std::make_shared<ServiceResume>();
+    ctx.service_resume->checkpoint = service[0]->blob();
+  }
   SLUICE_ASSIGN_OR_RETURN(auto it, MakeRootIterator(std::move(analysis), ctx, fingerprint));
   SLUICE_RETURN_IF_ERROR(it->RestoreState(c.root()));
   return it;

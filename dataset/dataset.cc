@@ -420,11 +420,50 @@ uint64_t DefFingerprint(const proto::DatasetDef& def) {
   return Fnv1a64(bytes.data(), bytes.size());
 }
 
+namespace {
+
+// Clears, in every Distribute of `m` (at any depth), where the service
+// runs: its address and job name.
+void ClearServiceDeployment(google::protobuf::Message* m) {
+  if (auto* ds = dynamic_cast<proto::DatasetNode::DataService*>(m)) {
+    ds->clear_service();
+    ds->clear_job_name();
+  }
+  const google::protobuf::Reflection* r = m->GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(*m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (f->is_repeated()) {
+      for (int i = 0; i < r->FieldSize(*m, f); ++i) {
+        ClearServiceDeployment(r->MutableRepeatedMessage(m, f, i));
+      }
+    } else {
+      ClearServiceDeployment(r->MutableMessage(m, f));
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t CheckpointFingerprint(const proto::DatasetDef& def) {
+  proto::DatasetDef pipeline = def;
+  ClearServiceDeployment(&pipeline);
+  return DefFingerprint(pipeline);
+}
+
 }  // namespace internal
 
 absl::StatusOr<std::string> Dataset::Serialize() const {
   SLUICE_RETURN_IF_ERROR(status());
   return internal::CanonicalBytes(def());
+}
+
+uint64_t Dataset::CheckpointFingerprint() const {
+  std::call_once(rep_->checkpoint_fingerprint_once, [this] {
+    rep_->checkpoint_fingerprint = internal::CheckpointFingerprint(def());
+  });
+  return rep_->checkpoint_fingerprint;
 }
 
 uint64_t Dataset::Fingerprint() const {
@@ -442,13 +481,13 @@ absl::StatusOr<std::unique_ptr<Iterator>> Dataset::MakeIterator() const {
   internal::IteratorContext ctx;
   ctx.salt = rep_->iterations.fetch_add(1);
   ctx.seed = internal::ContextSeed(def());
-  return internal::MakeRootIterator(rep_->analysis, ctx, Fingerprint());
+  return internal::MakeRootIterator(rep_->analysis, ctx, CheckpointFingerprint());
 }
 
 absl::StatusOr<std::unique_ptr<Iterator>> Dataset::MakeIterator(
     const std::string& checkpoint) const {
   SLUICE_RETURN_IF_ERROR(status());
-  return internal::RestoreRootIterator(rep_->analysis, {}, Fingerprint(), checkpoint);
+  return internal::RestoreRootIterator(rep_->analysis, {}, CheckpointFingerprint(), checkpoint);
 }
 
 }  // namespace sluice

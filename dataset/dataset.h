@@ -187,6 +187,9 @@ class Dataset {
   int64_t Cardinality() const;
   // Stable 64-bit hash of the canonical (deterministic) serialization.
   uint64_t Fingerprint() const;
+  // What checkpoints of its iterators are checked against: Fingerprint()
+  // without where a Distribute's service runs (address, job name).
+  uint64_t CheckpointFingerprint() const;
   const proto::DatasetDef& def() const;
   absl::StatusOr<std::string> Serialize() const;
   std::string DebugString() const;

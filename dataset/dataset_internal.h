@@ -9,12 +9,14 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dataset/dataset.pb.h"
+#include "sluice/core/index_set.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr_internal.h"
 
@@ -32,8 +34,21 @@ class ServiceReader {
   virtual ~ServiceReader() = default;
   // An iterator over iteration `repetition` (0, 1, ...) of the job that
   // `node` describes; `node` is the one the reader was attached to.
+  // `resume`, when set, is the service checkpoint (proto::ServiceCheckpoint,
+  // serialized) the iteration resumes from.
   virtual absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(
-      const proto::DatasetNode::DataService& node, int64_t repetition) const = 0;
+      const proto::DatasetNode::DataService& node, int64_t repetition,
+      const std::string* resume) const = 0;
+};
+
+// A pipeline restored from a checkpoint that holds a service iterator's
+// position (Iterator::Save of a Distribute): the first service iterator
+// made takes it and resumes its iteration there; later ones (the next
+// repetitions) start fresh.
+inline constexpr char kDataServiceOpName[] = "Distribute";  // the op's name in checkpoints
+struct ServiceResume {
+  std::string checkpoint;
+  std::atomic<bool> taken{false};
 };
 
 struct Analysis {
@@ -83,8 +98,12 @@ absl::StatusOr<std::shared_ptr<const Analysis>> AnalyzeTree(
 struct Split {
   int64_t id = 0;
   int64_t begin = 0, end = 0;  // source positions [begin, end)
+  int64_t epoch = 0;
   // ListFiles: the split's files, one per position from begin on.
   std::vector<std::string> files;
+  // A split resumed from a service checkpoint: the indices of its output
+  // already delivered (produced again, not sent).
+  IndexSet skip;
 };
 
 // Where a pipeline's split source (the one Range, FromTensors or ListFiles
@@ -114,6 +133,7 @@ struct IteratorContext {
   // Non-null: the pipeline's source reads splits from here (not inherited
   // by Interleave's per-element datasets).
   SplitSource* splits = nullptr;
+  std::shared_ptr<ServiceResume> service_resume;
 };
 
 // The source that dynamic sharding splits, found in a definition.
@@ -221,6 +241,11 @@ uint64_t Fnv1a64(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325u
 // deduplication use.
 std::string CanonicalBytes(const proto::DatasetDef& def);
 uint64_t DefFingerprint(const proto::DatasetDef& def);
+// What a checkpoint is checked against (Iterator::Save): the pipeline's
+// fingerprint without where its service runs (Distribute's address and job
+// name), so that a service iterator resumes on another dispatcher or in a
+// new job.
+uint64_t CheckpointFingerprint(const proto::DatasetDef& def);
 
 }  // namespace sluice::internal
 
@@ -231,6 +256,9 @@ struct Dataset::Rep {
   absl::Status status;
   std::shared_ptr<const internal::Analysis> analysis;  // null when !status.ok()
   mutable std::atomic<uint64_t> iterations{0};
+  // CheckpointFingerprint(*def), computed once.
+  mutable std::once_flag checkpoint_fingerprint_once;
+  mutable uint64_t checkpoint_fingerprint = 0;
 };
 
 }  // namespace sluice

@@ -112,6 +112,11 @@ absl::StatusOr<std::optional<Split>> SplitClient::Next(int64_t epoch) {
   Split s = std::move(queue_.front());
   queue_.pop_front();
   current_ = s.id;
+  current_range_ = SplitPosition{};
+  current_range_.epoch = s.epoch;
+  current_range_.begin = s.begin;
+  current_range_.end = s.end;
+  current_skip_ = s.skip;
   next_index_ = 0;
   return std::optional<Split>(std::move(s));
 }
@@ -122,11 +127,22 @@ bool SplitClient::EpochHadSplits(int64_t epoch) {
   return it != had_splits_.end() && it->second;
 }
 
-std::pair<int64_t, int64_t> SplitClient::Tag() {
+SplitClient::Tagged SplitClient::Tag() {
   absl::MutexLock l(&mu_);
-  if (!tracked_ || !current_) return {-1, -1};
-  ++elements_[*current_].tagged;
-  return {*current_, next_index_++};
+  Tagged t;
+  if (!tracked_ || !current_) return t;
+  t.position = current_range_;
+  t.position.split_id = *current_;
+  t.position.index = next_index_++;
+  SplitElements& e = elements_[*current_];
+  ++e.tagged;
+  if (current_skip_.Contains(t.position.index)) {
+    // Delivered before the checkpoint this split resumes from.
+    t.skip = true;
+    ++e.sent;
+    ++e.acked;
+  }
+  return t;
 }
 
 void SplitClient::Sent(int64_t split_id) {
@@ -189,6 +205,8 @@ void SplitClient::FetchLoop() {
       sp.id = resp.split().split_id();
       sp.begin = resp.split().begin();
       sp.end = resp.split().end();
+      sp.epoch = resp.split().epoch();
+      sp.skip = IndexSet(resp.split().skip_prefix(), resp.split().skip());
       sp.files.assign(resp.split().files().begin(), resp.split().files().end());
       if (sp.files.empty() && !resp.split().file().empty()) sp.files.push_back(resp.split().file());
       held_.insert(sp.id);

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/service.grpc.pb.h"
+#include "sluice/dataplane/element_transport.h"
 #include "sluice/dataset/dataset_internal.h"
 
 namespace sluice::internal {
@@ -55,9 +56,15 @@ class SplitClient final : public SplitSource {
   absl::StatusOr<std::optional<Split>> Next(int64_t epoch) override ABSL_LOCKS_EXCLUDED(mu_);
   bool EpochHadSplits(int64_t epoch) override ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The (split id, index in split) of the element the pipeline just
-  // produced, counted as not yet served; (-1, -1) when untracked.
-  std::pair<int64_t, int64_t> Tag() ABSL_LOCKS_EXCLUDED(mu_);
+  // The element the pipeline just produced: its split and index in it
+  // (split_id -1 when untracked), counted as not yet served; or, when a
+  // resumed split delivered it before (`skip`), counted as delivered: the
+  // caller drops it.
+  struct Tagged {
+    SplitPosition position;
+    bool skip = false;
+  };
+  Tagged Tag() ABSL_LOCKS_EXCLUDED(mu_);
   // An element tagged with `split_id` was handed to the data plane.
   void Sent(int64_t split_id) ABSL_LOCKS_EXCLUDED(mu_);
   // A client received `count` elements tagged with `split_id`.
@@ -94,6 +101,8 @@ class SplitClient final : public SplitSource {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;        // epoch_ has no more splits
   std::map<int64_t, bool> had_splits_ ABSL_GUARDED_BY(mu_);
   std::optional<int64_t> current_ ABSL_GUARDED_BY(mu_);  // the split being read
+  SplitPosition current_range_ ABSL_GUARDED_BY(mu_);      // its epoch, begin, end
+  IndexSet current_skip_ ABSL_GUARDED_BY(mu_);
   int64_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
   // Tracked elements of an open split.
   struct SplitElements {

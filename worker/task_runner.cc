@@ -93,11 +93,14 @@ void TaskRunner::Produce() {
       produced_all_ = true;
       return;
     }
+    SplitClient::Tagged tag;
+    if (splits_) {
+      tag = splits_->Tag();
+      if (tag.skip) continue;  // delivered before the checkpoint it resumes from
+    }
     auto frame = EncodeServedFrame(**e, allocator_);
     if (!frame.ok()) return fail(frame.status());
-    if (splits_) {
-      std::tie(frame->position.split_id, frame->position.index) = splits_->Tag();
-    }
+    frame->position = tag.position;
     frame->position.key = (*it)->ElementKey();
     absl::MutexLock l(&mu_);
     buffered_bytes_ += frame->frame_size();

@@ -34,7 +34,7 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
 }
 
 // Each iterator is the next repetition (iteration) of the job.
-absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext&) {
+absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {
   if (a->reader == nullptr) {
     return absl::FailedPreconditionError(
         "Distribute: this dataset reads from the sluice service but was rebuilt from its "
@@ -43,14 +43,18 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const Iter
         "(client/distribute.h)");
   }
   int64_t repetition = a->repetitions->fetch_add(1);
-  return a->reader->MakeIterator(a->node->data_service(), repetition);
+  const std::string* resume = nullptr;
+  if (ctx.service_resume != nullptr && !ctx.service_resume->taken.exchange(true)) {
+    resume = &ctx.service_resume->checkpoint;
+  }
+  return a->reader->MakeIterator(a->node->data_service(), repetition, resume);
 }
 
 }  // namespace
 
 // Not splittable, and not sharded: it reads what the service shards.
 extern const OpDef kDataServiceOp = {
-    .name = "Distribute",
+    .name = kDataServiceOpName,
     .analyze = &Analyze,
     .make_iterator = &MakeIterator,
     .reads_service_iterations = true,

@@ -414,3 +414,100 @@ TEST(RoundReaderTest, AJoiningRoundIsNotPassedUntilItsTaskStarts) {
 
 }  // namespace
 }  // namespace sluice::internal
+
+namespace sluice::internal {
+namespace {
+
+SplitPosition At(int64_t split, int64_t index, int64_t begin, int64_t end, int64_t epoch = 0) {
+  SplitPosition p;
+  p.split_id = split;
+  p.index = index;
+  p.epoch = epoch;
+  p.begin = begin;
+  p.end = end;
+  return p;
+}
+
+// A consumer's checkpoint counts what Next() returned: elements received
+// but still buffered are undelivered, and a split is done only below the
+// dispatcher's watermark with nothing of it held back.
+TEST(SplitProgressTrackerTest, SavesWhatNextReturnedAndDoneOnlyBelowTheWatermark) {
+  SplitProgressTracker t;
+  for (int64_t i = 0; i < 4; ++i) t.Queued(At(5, i, 0, 4));
+  for (int64_t i = 0; i < 4; ++i) t.Returned(At(5, i, 0, 4));
+  for (int64_t i = 0; i < 3; ++i) t.Queued(At(6, i, 4, 8));
+  t.Returned(At(6, 0, 4, 8));
+  t.Returned(At(6, 2, 4, 8));  // index 1 still buffered
+  t.SetWatermark(7);            // both splits completed at the dispatcher
+  const proto::ServiceCheckpoint c = t.Save(8);
+  EXPECT_EQ(c.version(), 1u);
+  EXPECT_EQ(c.positions(), 8);
+  EXPECT_EQ(c.split_watermark(), 7);
+  ASSERT_EQ(c.splits_size(), 2);
+  EXPECT_TRUE(c.splits(0).done());
+  EXPECT_EQ(c.splits(0).begin(), 0);
+  EXPECT_EQ(c.splits(0).delivered_prefix(), 4);
+  EXPECT_FALSE(c.splits(1).done());  // an element of it is buffered
+  EXPECT_TRUE(c.splits(1).undelivered());
+  const IndexSet delivered(c.splits(1).delivered_prefix(), c.splits(1).delivered_beyond());
+  EXPECT_TRUE(delivered.Contains(0));
+  EXPECT_FALSE(delivered.Contains(1));
+  EXPECT_TRUE(delivered.Contains(2));
+  // Below the watermark only: a split still open is never done.
+  SplitProgressTracker open;
+  open.Queued(At(9, 0, 0, 1));
+  open.Returned(At(9, 0, 0, 1));
+  open.SetWatermark(9);
+  EXPECT_FALSE(open.Save(8).splits(0).done());
+  EXPECT_FALSE(open.untracked());
+  open.Returned(SplitPosition{});
+  EXPECT_TRUE(open.untracked());
+}
+
+// Two consumers saved at the same step: one had split 5 done by its
+// (later) watermark while the other, which saved earlier, still held one
+// of its elements; split 6 was split between them.
+TEST(SplitProgressTrackerTest, MergingUnitesDeliveriesAndTrustsOnlyTheLowestWatermark) {
+  SplitProgressTracker a, b;
+  for (int64_t i : {0, 2}) {
+    a.Queued(At(5, i, 0, 4));
+    a.Returned(At(5, i, 0, 4));
+  }
+  b.Queued(At(5, 1, 0, 4));
+  b.Returned(At(5, 1, 0, 4));
+  b.Queued(At(5, 3, 0, 4));  // buffered at b's save
+  for (int64_t i : {0, 1}) {
+    a.Queued(At(6, i, 4, 8));
+    a.Returned(At(6, i, 4, 8));
+  }
+  b.Queued(At(6, 2, 4, 8));
+  b.Returned(At(6, 2, 4, 8));
+  a.SetWatermark(7);
+  b.SetWatermark(6);
+  ASSERT_OK_AND_ASSIGN(proto::ServiceCheckpoint m, MergeServiceCheckpoints({a.Save(8), b.Save(8)}));
+  EXPECT_EQ(m.consumers(), 2);
+  EXPECT_EQ(m.split_watermark(), 6);
+  ASSERT_EQ(m.splits_size(), 2);
+  // Split 5: below the lowest watermark, but b held index 3 back.
+  EXPECT_FALSE(m.splits(0).done());
+  const IndexSet five(m.splits(0).delivered_prefix(), m.splits(0).delivered_beyond());
+  EXPECT_EQ(five.prefix(), 3);
+  EXPECT_FALSE(five.Contains(3));
+  // Split 6: not below b's watermark (b may have received more after it
+  // saved), so not done, whatever a saw.
+  EXPECT_FALSE(m.splits(1).done());
+  const IndexSet six(m.splits(1).delivered_prefix(), m.splits(1).delivered_beyond());
+  EXPECT_EQ(six.prefix(), 3);
+  // Checkpoints of other sources or iterations do not merge.
+  proto::ServiceCheckpoint other = b.Save(9);
+  EXPECT_TRUE(absl::IsInvalidArgument(MergeServiceCheckpoints({a.Save(8), other}).status()));
+  SplitProgressTracker recut;
+  recut.Queued(At(5, 0, 0, 3));
+  recut.Returned(At(5, 0, 0, 3));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(MergeServiceCheckpoints({a.Save(8), recut.Save(8)}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(MergeServiceCheckpoints({}).status()));
+}
+
+}  // namespace
+}  // namespace sluice::internal

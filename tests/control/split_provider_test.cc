@@ -274,5 +274,98 @@ TEST_F(SplitProviderTest, SaveAndRestoreKeepEveryEpochAndHolder) {
   EXPECT_EQ(next->split_id(), b->split_id());
 }
 
+// A resume checkpoint over 20 positions: in epoch 0, [0, 4) and [8, 12)
+// done, [4, 8) delivered up to index 2 and index 3 (index 2 not), [16, 20)
+// cut as 4 splits of 1 earlier (a different split size) with [16, 17) done.
+proto::ServiceCheckpoint Resume() {
+  proto::ServiceCheckpoint c;
+  c.set_version(1);
+  c.set_positions(20);
+  auto add = [&](int64_t begin, int64_t end, bool done, int64_t prefix = 0,
+                 std::string beyond = "") {
+    proto::SplitProgress* sp = c.add_splits();
+    sp->set_begin(begin);
+    sp->set_end(end);
+    sp->set_done(done);
+    sp->set_delivered_prefix(prefix);
+    sp->set_delivered_beyond(beyond);
+  };
+  add(0, 4, true);
+  add(4, 8, false, 2, std::string(1, '\x02'));
+  add(8, 12, true);
+  add(16, 17, true);
+  return c;
+}
+
+TEST_F(SplitProviderTest, AResumedIterationSkipsDoneRangesAndRecutsPartialOnesAsSaved) {
+  proto::CreateIterationUpdate u = Plan(20, 5);
+  ASSERT_OK(SplitProvider::CheckResume(Resume(), 20));
+  *u.mutable_resume() = Resume();
+  SplitProvider p(u);
+  std::vector<std::pair<int64_t, int64_t>> cut;
+  std::vector<proto::SplitProto> handed;
+  while (auto s = Take(p, 1)) {
+    cut.emplace_back(s->begin(), s->end());
+    handed.push_back(*s);
+  }
+  // [4, 8) as saved, with its skips; [12, 16) in the configured size but
+  // stopping at the next saved split; [17, 20) after the done one.
+  EXPECT_THAT(cut, ElementsAre(std::pair<int64_t, int64_t>{4, 8},
+                               std::pair<int64_t, int64_t>{12, 16},
+                               std::pair<int64_t, int64_t>{17, 20}));
+  EXPECT_EQ(handed[0].skip_prefix(), 2);
+  EXPECT_EQ(handed[0].skip(), std::string(1, '\x02'));
+  EXPECT_EQ(handed[1].skip_prefix(), 0);
+  EXPECT_TRUE(resp_.not_ready());  // all handed out, none completed
+  for (const auto& s : handed) EXPECT_TRUE(p.Complete(1, s.split_id()));
+  EXPECT_FALSE(Take(p, 1));
+  EXPECT_TRUE(resp_.end_of_splits());
+  // The next epoch is whole again.
+  auto next = Take(p, 1, /*epoch=*/1);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->begin(), 0);
+  EXPECT_EQ(next->end(), 5);
+  // The resume survives the iteration's description (snapshots).
+  proto::CreateIterationUpdate again;
+  p.DescribeTo(&again);
+  EXPECT_TRUE(SplitProvider(again).ResumesFrom(Resume()));
+  EXPECT_FALSE(SplitProvider(Plan(20, 5)).ResumesFrom(Resume()));
+}
+
+TEST_F(SplitProviderTest, AnEpochThatWasAllDeliveredEndsAtOnce) {
+  proto::ServiceCheckpoint c;
+  c.set_version(1);
+  c.set_positions(8);
+  for (int64_t b : {0, 4}) {
+    proto::SplitProgress* sp = c.add_splits();
+    sp->set_begin(b);
+    sp->set_end(b + 4);
+    sp->set_done(true);
+  }
+  proto::CreateIterationUpdate u = Plan(8, 4);
+  *u.mutable_resume() = c;
+  SplitProvider p(u);
+  EXPECT_FALSE(Take(p, 1));
+  EXPECT_TRUE(resp_.end_of_splits());
+}
+
+TEST_F(SplitProviderTest, AResumeCheckpointThatDoesNotFitIsInvalidArgument) {
+  proto::ServiceCheckpoint other_source = Resume();
+  other_source.set_positions(21);
+  EXPECT_TRUE(absl::IsInvalidArgument(SplitProvider::CheckResume(other_source, 20)));
+  proto::ServiceCheckpoint outside = Resume();
+  outside.mutable_splits(1)->set_end(25);
+  EXPECT_TRUE(absl::IsInvalidArgument(SplitProvider::CheckResume(outside, 20)));
+  proto::ServiceCheckpoint overlapping = Resume();
+  overlapping.mutable_splits(1)->set_begin(2);
+  EXPECT_TRUE(absl::IsInvalidArgument(SplitProvider::CheckResume(overlapping, 20)));
+  proto::ServiceCheckpoint empty_range = Resume();
+  empty_range.mutable_splits(0)->set_end(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(SplitProvider::CheckResume(empty_range, 20)));
+  proto::ServiceCheckpoint version = Resume();
+  version.set_version(2);
+  EXPECT_TRUE(absl::IsInvalidArgument(SplitProvider::CheckResume(version, 20)));
+}
+
 }  // namespace
 }  // namespace sluice::internal

@@ -368,7 +368,8 @@ TEST(DatasetTest, FiniteRepeatRunsEveryRepetitionEvenEmptyOnes) {
 class LateJoinerIterations final : public internal::ServiceReader {
  public:
   absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(const proto::DatasetNode::DataService&,
-                                                         int64_t repetition) const override {
+                                                         int64_t repetition,
+                                                         const std::string*) const override {
     return Dataset::Range(repetition < 2 ? 0 : 4).MakeIterator();
   }
 };

@@ -32,11 +32,6 @@
 namespace sluice::mp_test {
 namespace {
 
-struct Transport {
-  std::string name, protocol, ucx_tls;
-};
-void PrintTo(const Transport& t, std::ostream* os) { *os << t.name; }
-
 class MembershipTest : public MultiProcessTest, public ::testing::WithParamInterface<Transport> {
  protected:
   void SetUp() override {
@@ -275,11 +270,7 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, MembershipTest,
-    ::testing::Values(Transport{"grpc", "grpc", ""}, Transport{"ucx_tcp", "ucx", "tcp"},
-                      Transport{"ucx_shm", "ucx", "tcp,posix,cma,self"}),
-    [](const ::testing::TestParamInfo<Transport>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Transports, MembershipTest, AllTransports(), TransportName);
 
 }  // namespace
 }  // namespace sluice::mp_test

@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -300,6 +301,21 @@ class Watchdog {
   std::atomic<bool> fired_{false};
   std::thread thread_;
 };
+
+// A data path a parameterized test runs over: gRPC, or UCX on TCP or on
+// shared memory (UCX_TLS is set for the test process and its children;
+// ctest runs every test in its own process).
+struct Transport {
+  std::string name, protocol, ucx_tls;
+};
+inline void PrintTo(const Transport& t, std::ostream* os) { *os << t.name; }
+inline auto AllTransports() {
+  return ::testing::Values(Transport{"grpc", "grpc", ""}, Transport{"ucx_tcp", "ucx", "tcp"},
+                           Transport{"ucx_shm", "ucx", "tcp,posix,cma,self"});
+}
+inline std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
+  return info.param.name;
+}
 
 class MultiProcessTest : public ::testing::Test {
  protected:

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "rpc/service.grpc.pb.h"
@@ -35,6 +36,7 @@ class SplitClientTest : public ::testing::Test {
     ASSERT_TRUE(Call(&proto::DispatcherService::Stub::GetOrCreateJob, jr, &jresp));
     proto::GetOrCreateIterationRequest ir;
     ir.set_job_id(jresp.job_id());
+    AddResume(&ir);
     proto::GetOrCreateIterationResponse iresp;
     ASSERT_TRUE(Call(&proto::DispatcherService::Stub::GetOrCreateIteration, ir, &iresp));
     // The dispatcher registers only workers whose address answers: the
@@ -47,6 +49,8 @@ class SplitClientTest : public ::testing::Test {
     ASSERT_EQ(hbr.new_tasks_size(), 1);
     task_ = hbr.new_tasks(0).task_id();
   }
+
+  virtual void AddResume(proto::GetOrCreateIterationRequest*) {}
 
   template <typename Method, typename Req, typename Resp>
   bool Call(Method m, const Req& req, Resp* resp) {
@@ -63,9 +67,14 @@ class SplitClientTest : public ::testing::Test {
     EXPECT_OK(split.status());
     if (!split.ok() || !split->has_value()) return -1;
     for (int64_t i = (*split)->begin; i < (*split)->end; ++i) {
-      auto [id, index] = splits.Tag();
+      const SplitClient::Tagged tag = splits.Tag();
+      const int64_t id = tag.position.split_id;
       EXPECT_EQ(id, (*split)->id);
-      EXPECT_EQ(index, i - (*split)->begin);
+      EXPECT_EQ(tag.position.index, i - (*split)->begin);
+      // The split's source range rides with each element (service checkpoints).
+      EXPECT_EQ(tag.position.begin, (*split)->begin);
+      EXPECT_EQ(tag.position.end, (*split)->end);
+      EXPECT_FALSE(tag.skip);
       splits.Sent(id);
     }
     return (*split)->id;
@@ -113,11 +122,65 @@ TEST_F(SplitClientTest, UntrackedSplitCompletesWhenReadToTheEnd) {
     auto split = splits.Next(0);
     ASSERT_OK(split.status());
     ASSERT_TRUE(split->has_value());
-    EXPECT_EQ(splits.Tag().first, -1);
+    EXPECT_EQ(splits.Tag().position.split_id, -1);
   }
   auto end = splits.Next(0);
   ASSERT_OK(end.status());
   EXPECT_FALSE(end->has_value());
+}
+
+// An iteration resumed from a service checkpoint: split [0, 3) was all
+// delivered, [3, 6) its indices 0 and 2. The worker is handed only [3, 6),
+// produces it again, and sends index 1 alone; the skipped ones count as
+// delivered, so the epoch ends once index 1 is acknowledged.
+class ResumedSplitClientTest : public SplitClientTest {
+ protected:
+  void AddResume(proto::GetOrCreateIterationRequest* ir) override {
+    proto::ServiceCheckpoint* c = ir->mutable_resume();
+    c->set_version(1);
+    c->set_positions(6);
+    proto::SplitProgress* done = c->add_splits();
+    done->set_begin(0);
+    done->set_end(3);
+    done->set_done(true);
+    proto::SplitProgress* part = c->add_splits();
+    part->set_begin(3);
+    part->set_end(6);
+    part->set_delivered_prefix(1);
+    part->set_delivered_beyond(std::string(1, '\x02'));  // index 1 + 1
+  }
+};
+
+TEST_F(ResumedSplitClientTest, AResumedSplitSkipsWhatWasDeliveredAndStillCompletes) {
+  SplitClient splits(stub_.get(), worker_, task_, /*tracked=*/true);
+  splits.BeginEpoch();
+  auto split = splits.Next(0);
+  ASSERT_OK(split.status());
+  ASSERT_TRUE(split->has_value());
+  EXPECT_EQ((*split)->begin, 3);
+  EXPECT_EQ((*split)->end, 6);
+  std::vector<bool> skipped;
+  for (int i = 0; i < 3; ++i) {
+    const SplitClient::Tagged t = splits.Tag();
+    EXPECT_EQ(t.position.index, i);
+    skipped.push_back(t.skip);
+    if (!t.skip) splits.Sent(t.position.split_id);
+  }
+  EXPECT_EQ(skipped, (std::vector<bool>{true, false, true}));
+  absl::Notification ended;
+  std::optional<absl::StatusOr<std::optional<Split>>> last;
+  std::thread reader([&] {
+    last = splits.Next(0);
+    ended.Notify();
+  });
+  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "the epoch ended before the one element sent was acknowledged";
+  splits.Acked((*split)->id, 1);
+  EXPECT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  reader.join();
+  ASSERT_TRUE(last.has_value());
+  ASSERT_OK(last->status());
+  EXPECT_FALSE(last->value().has_value()) << "[0, 3) was done: the epoch ends";
 }
 
 }  // namespace

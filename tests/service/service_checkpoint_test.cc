@@ -1,0 +1,235 @@
+// Service checkpoints (docs/checkpointing.md) with real processes
+// (multiprocess_util.h), over gRPC and UCX on TCP and on shared memory: a
+// distributed_epoch consumer saves its iterator at step k, the whole
+// service goes away, and a new one -- another dispatcher, another number of
+// workers -- resumes from the checkpoint: over the two runs every element
+// arrives exactly once. Labelled `fault`. Timeouts are hang guards only.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/client/distribute.h"
+#include "sluice/dataset/dataset.h"
+#include "sluice/dataset/expr.h"
+#include "tests/service/multiprocess_util.h"
+#include "tests/test_util.h"
+
+namespace sluice::mp_test {
+namespace {
+
+constexpr int64_t kN = 3000;
+
+class CheckpointTest : public MultiProcessTest, public ::testing::WithParamInterface<Transport> {
+ protected:
+  void SetUp() override {
+    MultiProcessTest::SetUp();
+    if (!GetParam().ucx_tls.empty()) setenv("UCX_TLS", GetParam().ucx_tls.c_str(), 1);
+  }
+
+  // A new service: `workers` workers and a dispatcher (fault tolerant, with
+  // its journal in `journal` when set), none of the previous one's
+  // processes left.
+  absl::Status NewService(int workers, const std::string& journal = "") {
+    KillAllChildren();
+    children_.clear();
+    workers_.clear();
+    worker_ports_.clear();
+    std::vector<std::string> dargs = {"--range_split_elements", "50", "--worker_timeout_ms",
+                                      "1500"};
+    if (!journal.empty()) {
+      dispatcher_port_ = UnusedLoopbackPort();
+      dargs.insert(dargs.end(), {"--fault_tolerant_mode", "--work_dir", journal});
+    } else {
+      dispatcher_port_ = 0;
+    }
+    return StartCluster(workers, dargs,
+                        {"--heartbeat_interval_ms", "200", "--task_buffer_elements", "4",
+                         "--data_transfer_protocol", GetParam().protocol});
+  }
+
+  // x * 3 on the workers, + 1 after Distribute (a local op resumed too).
+  Dataset Pipeline(const std::string& job_name = "") {
+    DistributeOptions opt;
+    opt.service = ServiceTarget();
+    opt.processing_mode = "distributed_epoch";
+    opt.data_transfer_protocol = GetParam().protocol;
+    opt.job_name = job_name;
+    return Dataset::Range(kN).Map(expr::x * 3).Apply(Distribute(opt)).Map(expr::x + 1);
+  }
+
+  // Reads `k` elements of `it` into `out`.
+  static absl::Status Read(Iterator& it, int64_t k, std::vector<int64_t>* out) {
+    for (int64_t i = 0; i < k; ++i) {
+      auto e = it.Next();
+      if (!e.ok()) return e.status();
+      if (!e->has_value()) return absl::OutOfRangeError(absl::StrCat("ended after ", i));
+      out->push_back((**e)[0].at<int64_t>(0));
+    }
+    return absl::OkStatus();
+  }
+
+  // Every element of the pipeline exactly once over `values`.
+  static void ExpectExactlyOnce(std::vector<int64_t> values) {
+    std::sort(values.begin(), values.end());
+    std::vector<int64_t> expected(kN);
+    for (int64_t i = 0; i < kN; ++i) expected[i] = 3 * i + 1;
+    if (values == expected) return;
+    std::map<int64_t, int> counts;
+    for (int64_t v : values) ++counts[v];
+    int missing = 0, repeated = 0;
+    for (int64_t v : expected) {
+      missing += counts[v] == 0;
+      repeated += counts[v] > 1;
+    }
+    ADD_FAILURE() << values.size() << " elements for " << kN << ": " << missing << " missing, "
+                  << repeated << " repeated";
+  }
+};
+
+// A consumer saves at step k (none, one, a few splits in, most of the
+// epoch), the service is torn down (SIGKILL), and a fresh dispatcher with
+// two workers instead of three resumes it.
+TEST_P(CheckpointTest, AConsumerResumesOnAFreshServiceWithFewerWorkersExactlyOnce) {
+  Watchdog watchdog(absl::Seconds(240), "AConsumerResumesOnAFreshService",
+                    [this] { KillAllChildren(); });
+  for (const int64_t k : {int64_t{0}, int64_t{1}, int64_t{437}, int64_t{2500}}) {
+    SCOPED_TRACE(absl::StrCat("saved after ", k, " elements"));
+    ASSERT_OK(NewService(3));
+    std::vector<int64_t> values;
+    std::string checkpoint;
+    {
+      ASSERT_OK_AND_ASSIGN(auto it, Pipeline().MakeIterator());
+      ASSERT_OK(Read(*it, k, &values));
+      ASSERT_OK_AND_ASSIGN(checkpoint, it->Save());
+      // The trainer reads on past its checkpoint, then dies.
+      std::vector<int64_t> lost;
+      ASSERT_OK(Read(*it, std::min<int64_t>(100, kN - k), &lost));
+    }
+    ASSERT_OK(NewService(2));
+    ASSERT_OK_AND_ASSIGN(auto resumed, Pipeline().MakeIterator(checkpoint));
+    ASSERT_OK(Drain(*resumed, &values));
+    ExpectExactlyOnce(values);
+  }
+  watchdog.Disarm();
+}
+
+// The harder path: a worker is SIGKILLed before the checkpoint (its splits
+// were handed out again), and the fault-tolerant dispatcher is SIGKILLed and
+// restarted from its journal between the save and the restore, which
+// resumes in a new job on that same dispatcher.
+TEST_P(CheckpointTest, ResumesAfterAWorkerKillAndADispatcherRestart) {
+  Watchdog watchdog(absl::Seconds(240), "ResumesAfterAWorkerKillAndADispatcherRestart",
+                    [this] { KillAllChildren(); });
+  ASSERT_OK(NewService(3, scratch_.File("journal")));
+  std::vector<int64_t> values;
+  std::string checkpoint;
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, Pipeline().MakeIterator());
+    ASSERT_OK(Read(*it, 600, &values));
+    workers_[0]->KillAndReap();
+    ASSERT_OK(Read(*it, 900, &values));
+    ASSERT_OK_AND_ASSIGN(checkpoint, it->Save());
+  }
+  ASSERT_OK(KillAndRestartDispatcher());
+  ASSERT_OK_AND_ASSIGN(auto resumed, Pipeline().MakeIterator(checkpoint));
+  ASSERT_OK(Drain(*resumed, &values));
+  ExpectExactlyOnce(values);
+  watchdog.Disarm();
+}
+
+// Two consumers share a job; each saves at the same step; the merged
+// checkpoint resumes the job on a fresh service for two consumers again,
+// and for one.
+TEST_P(CheckpointTest, TwoConsumersCheckpointsMergeAndResumeWithAnyConsumerCount) {
+  Watchdog watchdog(absl::Seconds(240), "TwoConsumersCheckpointsMerge",
+                    [this] { KillAllChildren(); });
+  for (const int resumers : {2, 1}) {
+    SCOPED_TRACE(absl::StrCat(resumers, " consumer(s) resume"));
+    ASSERT_OK(NewService(3));
+    std::vector<int64_t> values;
+    std::vector<std::string> saved;
+    {
+      ASSERT_OK_AND_ASSIGN(auto a, Pipeline("train").MakeIterator());
+      ASSERT_OK_AND_ASSIGN(auto b, Pipeline("train").MakeIterator());
+      for (int step = 0; step < 40; ++step) {
+        ASSERT_OK(Read(*a, 16, &values));
+        ASSERT_OK(Read(*b, 16, &values));
+      }
+      ASSERT_OK_AND_ASSIGN(std::string sa, a->Save());
+      ASSERT_OK_AND_ASSIGN(std::string sb, b->Save());
+      saved = {sa, sb};
+    }
+    ASSERT_OK_AND_ASSIGN(std::string merged, MergeCheckpoints(saved));
+    ASSERT_OK(NewService(2));
+    std::vector<std::unique_ptr<Iterator>> its;
+    for (int i = 0; i < resumers; ++i) {
+      ASSERT_OK_AND_ASSIGN(auto it, Pipeline("train").MakeIterator(merged));
+      its.push_back(std::move(it));
+    }
+    // Read together, as a trainer's ranks do (a consumer that stops
+    // reading holds its buffered elements unacknowledged).
+    std::vector<std::vector<int64_t>> read(its.size());
+    std::vector<absl::Status> drained(its.size());
+    std::vector<std::thread> readers;
+    for (size_t i = 0; i < its.size(); ++i) {
+      readers.emplace_back([&, i] { drained[i] = Drain(*its[i], &read[i]); });
+    }
+    for (auto& t : readers) t.join();
+    for (size_t i = 0; i < its.size(); ++i) {
+      ASSERT_OK(drained[i]);
+      values.insert(values.end(), read[i].begin(), read[i].end());
+    }
+    ExpectExactlyOnce(values);
+  }
+  watchdog.Disarm();
+}
+
+// What cannot be saved says why; what cannot be restored is
+// InvalidArgument, never a crash.
+TEST_P(CheckpointTest, UnsavablePositionsAndBadCheckpointsAreClearErrors) {
+  ASSERT_OK(NewService(1));
+  DistributeOptions opt;
+  opt.service = ServiceTarget();
+  opt.data_transfer_protocol = GetParam().protocol;
+  opt.processing_mode = "parallel_epochs";
+  {
+    ASSERT_OK_AND_ASSIGN(auto it, Dataset::Range(10).Apply(Distribute(opt)).MakeIterator());
+    std::vector<int64_t> v;
+    ASSERT_OK(Read(*it, 1, &v));
+    auto s = it->Save();
+    EXPECT_TRUE(absl::IsUnimplemented(s.status())) << s.status();
+    EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr("distributed_epoch"));
+  }
+  opt.processing_mode = "distributed_epoch";
+  {
+    // Batch before Distribute: elements are not tied to splits.
+    ASSERT_OK_AND_ASSIGN(
+        auto it, Dataset::Range(10).Batch(2).Apply(Distribute(opt)).MakeIterator());
+    ASSERT_OK(it->Next().status());
+    auto s = it->Save();
+    EXPECT_TRUE(absl::IsUnimplemented(s.status())) << s.status();
+    EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr("Batch"));
+  }
+  ASSERT_OK_AND_ASSIGN(auto it, Pipeline().MakeIterator());
+  std::vector<int64_t> v;
+  ASSERT_OK(Read(*it, 5, &v));
+  ASSERT_OK_AND_ASSIGN(std::string checkpoint, it->Save());
+  it.reset();
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      Pipeline().MakeIterator(checkpoint.substr(0, checkpoint.size() / 2)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(MergeCheckpoints({checkpoint, "garbage"}).status()));
+  // Another pipeline's checkpoint.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      Dataset::Range(kN).Apply(Distribute(opt)).MakeIterator(checkpoint).status()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CheckpointTest, AllTransports(), TransportName);
+
+}  // namespace
+}  // namespace sluice::mp_test
