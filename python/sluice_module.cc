@@ -1005,6 +1005,18 @@ library's message) when the step is invalid. Iterating starts a new pass.)doc");
         },
         py::arg("service"), py::arg("dataset"), py::arg("dataset_id") = py::none(),
         "Registers `dataset` with the service; returns its id.");
+  m.def("merge_checkpoints",
+        [](const std::vector<py::bytes>& checkpoints) {
+          std::vector<std::string> in;
+          for (const py::bytes& b : checkpoints) in.push_back(std::string(b));
+          return py::bytes(Check(MergeCheckpoints(in)));
+        },
+        py::arg("checkpoints"),
+        "One checkpoint from the Iterator.save() bytes of every consumer of a distributed_epoch "
+        "job, saved at the same step: each consumer of the resumed job restores it "
+        "(make_iterator(checkpoint=...)), with any number of consumers and workers "
+        "(docs/checkpointing.md). ValueError for checkpoints of different pipelines or "
+        "iterations, or when an op after distribute holds elements.");
 }
 
 void DefineServers(py::module_& m) {

@@ -4,7 +4,8 @@
 #  2. the same pipeline on an in-process service (a dispatcher and two
 #     workers): Range(5).Map(x*x).Distribute(parallel_epochs).Map(x+1);
 #  3. two consumers sharing job "shared" over three iterations, and the seed
-#     example from Python (the sluice module, Debian's /usr/bin/python3);
+#     example from Python (the sluice module, Debian's /usr/bin/python3), and
+#     a torch training loop checkpointed and resumed on a new service;
 #  4. an ImageNet-style training pipeline (decode, RandomResizedCrop(224),
 #     flip, normalize, batch 64) over 256 synthetic JPEGs on two workers;
 #  5. the perf suite in quick mode (sluice-perf transport and pipeline, about a
@@ -30,6 +31,8 @@ echo "== shared job, two consumers, three iterations"
 ./build/release/examples/sluice_shared_job
 echo "== the seed example from Python"
 PYTHONPATH=build/release/python /usr/bin/python3 python/examples/distribute_seed.py
+echo "== checkpoint and resume a torch training loop over the service"
+PYTHONPATH=build/release/python /usr/bin/python3 python/examples/checkpoint_resume.py
 echo "== ImageNet-style pipeline over a synthetic JPEG corpus, two workers"
 rm -rf build/release/demo-corpus
 ./build/release/tools/sluice-make-jpeg-corpus --out build/release/demo-corpus --images 256 --classes 4

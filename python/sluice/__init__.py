@@ -33,6 +33,7 @@ from ._sluice import (
     data_service_stats,
     load_plugin,
     max,
+    merge_checkpoints,
     min,
     register_dataset,
     set_log_level,
@@ -49,6 +50,7 @@ __all__ = [
     "AUTOTUNE", "INFINITE_CARDINALITY", "SHARD_HINT", "UNKNOWN_CARDINALITY",
     "Dataset", "DispatchServer", "Expr", "Function", "Iterator", "NotFoundError",
     "Tensor", "TensorSpec", "TlsConfig", "WorkerServer", "configure_thread_pool",
-    "constant", "data_service_stats", "image", "io", "load_plugin", "register_dataset",
+    "constant", "data_service_stats", "image", "io", "load_plugin", "merge_checkpoints",
+    "register_dataset",
     "set_log_level", "to_dlpack", "transport_stats", "udf", "x",
 ]

@@ -104,9 +104,11 @@ class IterableDataset(_data.IterableDataset):
     StatefulDataLoader, torch.distributed.checkpoint's Stateful):
     state_dict() is the position of the pass under way, after the last
     element it yielded, and load_state_dict(state) makes the next pass
-    resume there (local pipelines; docs/datasets.md, "Checkpoints"). Save
-    it with the model's state: with DataLoader(num_workers=0) the position
-    is exactly what the training loop received.
+    resume there (docs/checkpointing.md). Save it with the model's state:
+    with DataLoader(num_workers=0) the position is exactly what the
+    training loop received. A distributed_epoch pipeline read by several
+    ranks: every rank's state_dict() of one step goes through
+    merge_state_dicts, and every rank of the resumed job loads the result.
     """
 
     def __init__(self, dataset, device=None, _make_event=None):
@@ -159,3 +161,15 @@ class IterableDataset(_data.IterableDataset):
             if copier is not None:
                 copier.synchronize()
             it.close()
+
+
+def merge_state_dicts(state_dicts):
+    """One state_dict from the IterableDataset.state_dict() of every rank
+    reading one distributed_epoch job, taken at the same step
+    (sluice.merge_checkpoints): each rank of the resumed job, however many
+    there are, load_state_dict()s it. Ranks that had not started a pass
+    ({}) add nothing; all of them: {}."""
+    saved = [s["sluice_checkpoint"] for s in state_dicts if s.get("sluice_checkpoint")]
+    if not saved:
+        return {}
+    return {"sluice_checkpoint": _sluice.merge_checkpoints(saved)}

@@ -177,3 +177,78 @@ def test_max_elements_per_reply_keyword(service):
     assert sorted(got) == sorted(list(range(300)) * 2)
     with pytest.raises(ValueError, match=r"max_elements_per_reply must be in \[1, 256\]"):
         ds.distribute(service=service.target, max_elements_per_reply=0)
+
+
+def _fresh_service(workers):
+    dispatcher = sluice.DispatchServer()
+    servers = [sluice.WorkerServer(dispatcher_address=dispatcher.address) for _ in range(workers)]
+    return dispatcher, servers
+
+
+def _stop(dispatcher, servers):
+    for w in servers:
+        w.stop()
+    dispatcher.stop()
+
+
+def test_a_distributed_epoch_position_resumes_on_a_fresh_service(hang_guard):
+    n = 1000
+    first, workers = _fresh_service(2)
+    try:
+        ds = sluice.Dataset.range(n).map(x * 2).distribute("distributed_epoch", first.target)
+        it = ds.make_iterator()
+        seen = [int(next(it)) for _ in range(300)]
+        checkpoint = it.save()
+        next(it)  # read past the checkpoint: not part of it
+        it.close()
+    finally:
+        _stop(first, workers)
+    second, workers = _fresh_service(1)
+    try:
+        # Another address: a checkpoint holds the pipeline, not where it ran.
+        ds = sluice.Dataset.range(n).map(x * 2).distribute("distributed_epoch", second.target)
+        seen += [int(e) for e in ds.make_iterator(checkpoint=checkpoint)]
+    finally:
+        _stop(second, workers)
+    assert sorted(seen) == list(range(0, 2 * n, 2))
+
+
+def test_saving_a_parallel_epochs_position_says_why_not(service):
+    it = sluice.Dataset.range(10).distribute("parallel_epochs", service.target).make_iterator()
+    next(it)
+    with pytest.raises(NotImplementedError, match="distributed_epoch"):
+        it.save()
+    it.close()
+
+
+def test_torch_ranks_state_dicts_merge_and_resume_the_job(hang_guard):
+    import sluice.torch as st
+    n = 600
+    first, workers = _fresh_service(2)
+    got = []
+    try:
+        ranks = [st.IterableDataset(
+            sluice.Dataset.range(n).distribute("distributed_epoch", first.target,
+                                               job_name="train")) for _ in range(2)]
+        its = [iter(r) for r in ranks]
+        for _ in range(50):
+            for it in its:
+                got.append(int(next(it)))
+        merged = st.merge_state_dicts([r.state_dict() for r in ranks])
+        for it in its:
+            it.close()
+    finally:
+        _stop(first, workers)
+    second, workers = _fresh_service(1)
+    try:
+        resumed = st.IterableDataset(
+            sluice.Dataset.range(n).distribute("distributed_epoch", second.target,
+                                               job_name="train"))
+        resumed.load_state_dict(merged)
+        got += [int(v) for v in resumed]
+    finally:
+        _stop(second, workers)
+    assert sorted(got) == list(range(n))
+    assert st.merge_state_dicts([{}, {}]) == {}
+    with pytest.raises(ValueError):
+        sluice.merge_checkpoints([merged["sluice_checkpoint"], b"junk"])
