@@ -7,6 +7,7 @@
 //   sluice-perf dispatcher [--quick] [--workers N] [--consumers N] [--jobs N] [--json out.json]
 //   sluice-perf files     [--quick] [--files N] [--file_split_files 0,1] [--json out.json]
 //   sluice-perf compression [--quick] [--json out.json]
+//   sluice-perf checkpoint [--quick] [--elements N] [--split_elements 256] [--json out.json]
 //
 // transport: one client pulls pre-built elements (perf_payload) of each size
 // from worker processes over ucx (UCX_TLS=tcp), ucx (shared memory) and
@@ -24,6 +25,9 @@
 // files: distributed_epoch over a corpus of many small files (ImageFolder +
 // ReadFile) beside the same pipeline locally, with the dispatcher's splits,
 // CPU and journal bytes per epoch (files.cc).
+// checkpoint: a distributed_epoch consumer's service checkpoint, Save()
+// time and bytes over an ImageNet-sized split table, and its restore beside
+// a fresh iterator (checkpoint.cc).
 // dispatcher: one sluice-dispatcher process (fault-tolerant, journal on
 // disk) against a simulated fleet of workers and consumers in this process
 // using the real RPCs (dispatcher.cc), and calls/s of the hot RPCs.
@@ -277,6 +281,34 @@ int Main(int argc, char** argv) {
   files->add_option("--dispatcher_binary", fa.dispatcher_binary,
                     "sluice-dispatcher to run (default: next to sluice-perf or in the build tree)");
 
+  CheckpointArgs cka;
+  CLI::App* checkpoint = app.add_subcommand(
+      "checkpoint", "a distributed_epoch consumer's service checkpoint: Save() time and bytes "
+      "over an ImageNet-sized split table, and its restore beside a fresh iterator");
+  AddCommonOptions(checkpoint, &cka.common);
+  checkpoint->add_option("--elements", cka.elements,
+                         "elements of the Range (default 1280000; 128000 quick)")
+      ->check(CLI::PositiveNumber);
+  checkpoint->add_option("--split_elements", cka.split_elements,
+                         "the dispatcher's --range_split_elements")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  checkpoint->add_option("--workers", cka.workers, "worker processes")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  checkpoint->add_option("--saves", cka.saves, "Save() calls timed at each point")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  checkpoint->add_option("--transport", cka.transport, "ucx-tcp, ucx-shm or grpc")
+      ->capture_default_str();
+  checkpoint->add_option("--shm_tls", cka.shm_tls, "UCX_TLS of ucx-shm")->capture_default_str();
+  checkpoint->add_option("--max_outstanding_requests", cka.max_outstanding,
+                         "the client's max_outstanding_requests")
+      ->capture_default_str();
+  checkpoint->add_option("--dispatcher_binary", cka.dispatcher_binary,
+                         "sluice-dispatcher to run (default: next to sluice-perf or in the build "
+                         "tree)");
+
   // Internal: one row of `files` (see files.cc).
   FilesClientOptions fo;
   std::string files_out;
@@ -352,6 +384,7 @@ int Main(int argc, char** argv) {
         : dispatcher->parsed() ? RunDispatcher(da, command)
         : compression->parsed() ? RunCompression(ca, command)
         : files->parsed() ? RunFiles(fa, command)
+        : checkpoint->parsed() ? RunCheckpoint(cka, command)
                             : RunPipeline(pa, command);
   }
   if (!s.ok()) {

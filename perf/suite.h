@@ -185,6 +185,22 @@ struct FilesArgs {
 };
 absl::Status RunFiles(const FilesArgs& args, const std::string& command);
 
+// `checkpoint` (perf/checkpoint.cc): a distributed_epoch consumer's
+// Save() time and checkpoint bytes over an ImageNet-sized split table, and
+// its restore beside a fresh iterator.
+struct CheckpointArgs {
+  CommonArgs common;
+  int64_t elements = 0;         // 0: 1.28 M (128 k quick)
+  int64_t split_elements = 256;  // the dispatcher's --range_split_elements
+  int workers = 2;
+  int saves = 20;               // Save() calls timed at each point
+  std::string transport = "ucx-tcp";
+  std::string shm_tls = kDefaultShmTls;
+  int64_t max_outstanding = 8;
+  std::string dispatcher_binary;  // empty: next to sluice-perf or in the build tree
+};
+absl::Status RunCheckpoint(const CheckpointArgs& args, const std::string& command);
+
 // One row of `files`, in a child process (`sluice-perf files-client`):
 // `epochs` epochs of the pipeline, locally (service empty) or through
 // Distribute (distributed_epoch), each checked to be the corpus exactly.
