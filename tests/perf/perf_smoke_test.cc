@@ -378,6 +378,27 @@ TEST(PerfSmokeTest, FilesReportsSplitsPerEpochAndChecksEveryEpoch) {
   EXPECT_THAT(out, ::testing::HasSubstr("--file_split_files -1"));
 }
 
+TEST(PerfSmokeTest, CheckpointReportsSavesAndAnExactRestore) {
+  const std::string json = Scratch("checkpoint.json");
+  std::string out;
+  ASSERT_EQ(RunPerf(absl::StrCat("checkpoint --elements 20000 --split_elements 100 --saves 3 "
+                                 "--json '", json, "'"),
+                    &out),
+            0)
+      << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  const std::vector<std::string> saves = Rows(text, "\"fraction\":");
+  ASSERT_EQ(saves.size(), 3u) << text;
+  // Later saves list more splits.
+  EXPECT_GT(Field(saves[0], "bytes"), 0) << text;
+  EXPECT_GT(Field(saves[2], "bytes"), Field(saves[0], "bytes")) << text;
+  EXPECT_EQ(Field(saves[2], "delivered"), 18000) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("\"rest_exact\": true"));
+  EXPECT_THAT(out, ::testing::HasSubstr("exactly the elements not delivered"));
+  ASSERT_NE(RunPerf("checkpoint --split_elements 0", &out), 0);
+}
+
 TEST(PerfSmokeTest, JpegCorpusIsDeterministicAndChecksItsArguments) {
   const std::string a = Scratch("corpus_a"), b = Scratch("corpus_b");
   auto make = [](const std::string& args, std::string* output) {
