@@ -31,11 +31,16 @@ class IndexSet {
   bool empty() const { return prefix_ == 0 && count_beyond_ == 0; }
 
  private:
-  void Absorb();  // moves set bits at the bitmap's start into the prefix
+  void Absorb();  // grows the prefix over the set bits at its end
+  bool Bit(int64_t i) const;  // i >= base_
 
   int64_t prefix_ = 0;
-  std::vector<uint64_t> bits_;  // bit i: index prefix_ + i
-  int64_t count_beyond_ = 0;
+  // bits_[first_ + k], bit b: index base_ + 64 * k + b (base_ a multiple
+  // of 64, at most prefix_; bits below prefix_ are not read).
+  int64_t base_ = 0;
+  size_t first_ = 0;
+  std::vector<uint64_t> bits_;
+  int64_t count_beyond_ = 0;  // set bits at or above prefix_
 };
 
 }  // namespace sluice

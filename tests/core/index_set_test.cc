@@ -63,3 +63,26 @@ TEST(IndexSetTest, MergeUnitesTwoSetsWhicheverHasTheLongerPrefix) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Filling a long gap at the front of a large bitmap one index at a time
+// stays linear (the prefix absorbs words, not a shift per index).
+TEST(IndexSetTest, AbsorbingALongBitmapFromTheFrontKeepsEveryIndex) {
+  IndexSet s;
+  constexpr int64_t kN = 1 << 20;
+  for (int64_t i = 1; i < kN; i += 2) s.Insert(i);
+  for (int64_t i = 0; i < kN; i += 2) s.Insert(i);
+  EXPECT_EQ(s.prefix(), kN);
+  EXPECT_EQ(s.size(), kN);
+  EXPECT_EQ(s.beyond(), "");
+  s.Insert(kN + 3);
+  const IndexSet back(s.prefix(), s.beyond());
+  EXPECT_TRUE(back.Contains(kN + 3));
+  EXPECT_FALSE(back.Contains(kN + 2));
+  EXPECT_EQ(back.size(), kN + 1);
+}
+
+}  // namespace
+}  // namespace sluice
