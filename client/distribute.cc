@@ -225,16 +225,25 @@ class DataServiceIterator final : public Iterator {
     iter_req.set_repetition(repetition);
     iter_req.set_consumer_index(node.consumer_index());
     iter_req.set_host_id(internal::LocalHostId());
-    if (resume != nullptr) {
-      *iter_req.mutable_resume() = std::move(resume_from);
-    }
+    if (resume != nullptr) *iter_req.mutable_resume() = resume_from;
     proto::GetOrCreateIterationResponse iter;
     SLUICE_RETURN_IF_ERROR(Call(it->stub_.get(),
                                 &proto::DispatcherService::Stub::GetOrCreateIteration, iter_req,
                                 &iter, address, timeout));
     it->client_id_ = iter.iteration_client_id();
     it->split_positions_ = iter.split_positions();
+    if (mode == proto::DISTRIBUTED_EPOCH && node.has_dataset()) {
+      auto source = internal::FindSplitSource(node.dataset().root());
+      if (source.ok() && source->unresumable_op != nullptr) {
+        it->checkpoint_refusal_ = absl::StrCat(
+            "Distribute cannot save its position: ", source->unresumable_op,
+            " before it keeps the elements of a split from being produced again as they were "
+            "(it ties them to no split, reads ahead across splits, or counts across them); "
+            "move it after Distribute (docs/checkpointing.md)");
+      }
+    }
     it->MakeReader();
+    if (resume != nullptr) it->SeedProgress(resume_from);
     GetCounters().started++;
     // Learn the current tasks at once; the heartbeat thread retries
     // transport failures.
@@ -296,6 +305,7 @@ class DataServiceIterator final : public Iterator {
           "Distribute cannot save the position of a failed iteration: ",
           ErrorLocked().message()));
     }
+    if (!checkpoint_refusal_.empty()) return absl::UnimplementedError(checkpoint_refusal_);
     const internal::SplitProgressTracker* progress = reader_->progress();
     if (progress == nullptr || progress->untracked()) {
       return absl::UnimplementedError(
@@ -401,6 +411,13 @@ class DataServiceIterator final : public Iterator {
     } else {
       reader_ = std::make_unique<internal::FcfsReader>(o);
     }
+  }
+
+  // A resumed iteration's checkpoint seeds this consumer's progress (a
+  // checkpoint of the resumed iteration holds what it carried).
+  void SeedProgress(const proto::ServiceCheckpoint& from) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    if (auto* fcfs = dynamic_cast<internal::FcfsReader*>(reader_.get())) fcfs->SeedProgress(from);
   }
 
   // The transport to a task's worker: the iteration's protocol when the
@@ -686,6 +703,7 @@ class DataServiceIterator final : public Iterator {
   std::shared_ptr<void> alive_;
   int64_t client_id_ = 0;
   int64_t split_positions_ = 0;  // distributed_epoch: what checkpoints are saved over
+  std::string checkpoint_refusal_;  // why Save() cannot work (set by Create)
   std::vector<std::thread> threads_;
 
   mutable absl::Mutex mu_;

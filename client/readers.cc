@@ -293,7 +293,6 @@ void FcfsReader::Deliver(ClientTask& t, std::vector<Piece> pieces) {
       const SplitPosition pos = i < piece.positions.size() ? piece.positions[i] : SplitPosition{};
       if (pos.split_id > 0) ++t.unacked[pos.split_id];
       if (dedup_.FirstDelivery(pos.split_id, pos.index)) {
-        if (options_.distributed) progress_.Queued(pos);
         fresh.elements.push_back(std::move(piece.elements[i]));
         fresh.positions.push_back(pos);
       } else {
@@ -353,6 +352,9 @@ void FcfsReader::OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequ
       counters_.elements += n;
       counters_.bytes += static_cast<int64_t>(r->bytes);
       Piece piece{std::move(r->elements), std::move(r->positions)};
+      if (options_.distributed) {
+        for (const SplitPosition& pos : piece.positions) progress_.Arrived(pos);
+      }
       counters_.duplicates += t.order.Arrived(r->seq, std::move(piece), &ready);
     }
   } else if (!t.lost && RetryOrFail(t, r.status(), now, "a request") &&
@@ -395,17 +397,31 @@ void FcfsReader::SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t
 
 // ---- SplitProgressTracker ---------------------------------------------------------
 
-void SplitProgressTracker::Queued(const SplitPosition& pos) {
-  if (pos.split_id <= 0 || pos.index < 0) return;
+bool SplitProgressTracker::Tracked(const SplitPosition& pos) {
+  return pos.split_id > 0 && pos.index >= 0 && pos.index <= IndexSet::kMaxIndex &&
+         pos.epoch >= 0 && pos.begin >= 0 && pos.end > pos.begin;
+}
+
+void SplitProgressTracker::Seed(const proto::ServiceCheckpoint& from) {
+  for (const proto::SplitProgress& sp : from.splits()) {
+    Carried& c = carried_[{sp.epoch(), sp.begin()}];
+    c.end = sp.end();
+    c.done = sp.done();
+    if (!c.done) c.delivered = IndexSet(sp.delivered_prefix(), sp.delivered_beyond());
+  }
+}
+
+void SplitProgressTracker::Arrived(const SplitPosition& pos) {
+  if (!Tracked(pos)) return;
   Progress& p = splits_[pos.split_id];
   p.epoch = pos.epoch;
   p.begin = pos.begin;
   p.end = pos.end;
-  ++p.queued;
+  ++p.arrived;
 }
 
 void SplitProgressTracker::Returned(const SplitPosition& pos) {
-  if (pos.split_id <= 0 || pos.index < 0) {
+  if (!Tracked(pos)) {
     untracked_ = true;
     return;
   }
@@ -420,26 +436,39 @@ proto::ServiceCheckpoint SplitProgressTracker::Save(int64_t positions) const {
   c.set_positions(positions);
   c.set_split_watermark(watermark_);
   c.set_consumers(1);
-  // By (epoch, begin), as the dispatcher's provider reads them.
-  std::vector<const std::pair<const int64_t, Progress>*> order;
-  for (const auto& entry : splits_) order.push_back(&entry);
-  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    return std::tie(a->second.epoch, a->second.begin) < std::tie(b->second.epoch, b->second.begin);
-  });
-  for (const auto* entry : order) {
-    const auto& [id, p] = *entry;
-    proto::SplitProgress* sp = c.add_splits();
-    sp->set_split_id(id);
-    sp->set_epoch(p.epoch);
-    sp->set_begin(p.begin);
-    sp->set_end(p.end);
-    sp->set_undelivered(p.queued > p.returned);
-    sp->set_done(id < watermark_ && p.queued <= p.returned);
+  // By (epoch, begin), as the dispatcher's provider reads them: this
+  // iteration's splits, with what the checkpoint it resumed from carried
+  // of the same ranges, and the carried ranges it has not read from.
+  std::map<std::pair<int64_t, int64_t>, proto::SplitProgress> out;
+  for (const auto& [id, p] : splits_) {
+    proto::SplitProgress& sp = out[{p.epoch, p.begin}];
+    sp.set_split_id(id);
+    sp.set_epoch(p.epoch);
+    sp.set_begin(p.begin);
+    sp.set_end(p.end);
+    sp.set_undelivered(p.arrived > p.returned);
+    sp.set_done(id < watermark_ && p.arrived <= p.returned);
+    IndexSet delivered = p.delivered;
+    auto carried = carried_.find({p.epoch, p.begin});
+    if (carried != carried_.end() && carried->second.end == p.end) {
+      delivered.Merge(carried->second.delivered);
+    }
     // Kept when done too: merged with other consumers' saves, the split
     // may not be (MergeServiceCheckpoints).
-    sp->set_delivered_prefix(p.delivered.prefix());
-    sp->set_delivered_beyond(p.delivered.beyond());
+    sp.set_delivered_prefix(delivered.prefix());
+    sp.set_delivered_beyond(delivered.beyond());
   }
+  for (const auto& [at, carried] : carried_) {
+    if (out.count(at)) continue;
+    proto::SplitProgress& sp = out[at];
+    sp.set_epoch(at.first);
+    sp.set_begin(at.second);
+    sp.set_end(carried.end);
+    sp.set_done(carried.done);  // split_id 0: carried, done whatever the watermark
+    sp.set_delivered_prefix(carried.delivered.prefix());
+    sp.set_delivered_beyond(carried.delivered.beyond());
+  }
+  for (auto& [at, sp] : out) *c.add_splits() = std::move(sp);
   return c;
 }
 
@@ -448,7 +477,7 @@ absl::StatusOr<proto::ServiceCheckpoint> MergeServiceCheckpoints(
   if (parts.empty()) return absl::InvalidArgumentError("no service checkpoints to merge");
   struct Merged {
     int64_t end = 0, split_id = 0;
-    bool undelivered = false;
+    bool undelivered = false, carried_done = false;
     IndexSet delivered;
   };
   std::map<std::pair<int64_t, int64_t>, Merged> splits;  // by (epoch, begin)
@@ -462,16 +491,25 @@ absl::StatusOr<proto::ServiceCheckpoint> MergeServiceCheckpoints(
     watermark = std::min(watermark, c.split_watermark());
     consumers += std::max(1, c.consumers());
     for (const proto::SplitProgress& sp : c.splits()) {
+      if (!IndexSet::Valid(sp.delivered_prefix(), sp.delivered_beyond())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a service checkpoint to merge holds a bad delivered set at epoch ", sp.epoch(),
+            ", position ", sp.begin()));
+      }
       auto [m, fresh] = splits.try_emplace({sp.epoch(), sp.begin()});
       Merged& into = m->second;
-      if (!fresh && (into.end != sp.end() || into.split_id != sp.split_id())) {
+      if (!fresh && (into.end != sp.end() ||
+                     (into.split_id > 0 && sp.split_id() > 0 && into.split_id != sp.split_id()))) {
         return absl::InvalidArgumentError(absl::StrCat(
             "the service checkpoints to merge cut epoch ", sp.epoch(), " differently at position ",
             sp.begin(), ": they are of different iterations"));
       }
       into.end = sp.end();
-      into.split_id = sp.split_id();
+      into.split_id = std::max(into.split_id, sp.split_id());
       into.undelivered = into.undelivered || sp.undelivered();
+      // A range carried done from the checkpoint the job resumed from
+      // (no id in this iteration) is done for every consumer.
+      into.carried_done = into.carried_done || (sp.split_id() <= 0 && sp.done());
       into.delivered.Merge(IndexSet(sp.delivered_prefix(), sp.delivered_beyond()));
     }
   }
@@ -488,7 +526,8 @@ absl::StatusOr<proto::ServiceCheckpoint> MergeServiceCheckpoints(
     sp->set_split_id(m.split_id);
     sp->set_undelivered(m.undelivered);
     // Complete before the earliest save, and nothing of it held back.
-    sp->set_done(m.split_id > 0 && m.split_id < watermark && !m.undelivered);
+    sp->set_done(m.carried_done ||
+                 (m.split_id > 0 && m.split_id < watermark && !m.undelivered));
     if (!sp->done()) {
       sp->set_delivered_prefix(m.delivered.prefix());
       sp->set_delivered_beyond(m.delivered.beyond());

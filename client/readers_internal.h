@@ -139,12 +139,18 @@ class SplitDedup {
 // consumers) and this consumer holds none of its elements undelivered.
 class SplitProgressTracker {
  public:
-  // An element was queued for Next() (after deduplication).
-  void Queued(const SplitPosition& pos);
+  // The iteration resumed from `from`: its done ranges stay done, and its
+  // partly delivered splits keep their delivered elements (this
+  // iteration's workers skip them), so that a checkpoint of the resumed
+  // iteration holds them too.
+  void Seed(const proto::ServiceCheckpoint& from);
+  // An element arrived (it may wait for order or be dropped as a
+  // duplicate: until Next() returns it, its split is not done).
+  void Arrived(const SplitPosition& pos);
   // Next() returned it.
   void Returned(const SplitPosition& pos);
   void SetWatermark(int64_t watermark) { watermark_ = std::max(watermark_, watermark); }
-  // Whether an element without a split position was returned: the
+  // Whether an element without a (sane) split position was returned: the
   // pipeline before Distribute does not tie elements to splits.
   bool untracked() const { return untracked_; }
   // The checkpoint, over a source of `positions` positions per epoch.
@@ -153,10 +159,19 @@ class SplitProgressTracker {
  private:
   struct Progress {
     int64_t epoch = 0, begin = 0, end = 0;
-    int64_t queued = 0, returned = 0;
+    int64_t arrived = 0, returned = 0;
     IndexSet delivered;
   };
+  // Whether `pos` is a position this tracker can hold.
+  static bool Tracked(const SplitPosition& pos);
   std::map<int64_t, Progress> splits_;  // by split id
+  // Seed(): by (epoch, begin).
+  struct Carried {
+    int64_t end = 0;
+    bool done = false;
+    IndexSet delivered;
+  };
+  std::map<std::pair<int64_t, int64_t>, Carried> carried_;
   int64_t watermark_ = 0;
   bool untracked_ = false;
 };
@@ -296,6 +311,7 @@ class FcfsReader final : public Reader {
   const SplitProgressTracker* progress() const override {
     return options_.distributed ? &progress_ : nullptr;
   }
+  void SeedProgress(const proto::ServiceCheckpoint& from) { progress_.Seed(from); }
 
  private:
   ClientTask* Pick(std::map<int64_t, ClientTask>& tasks, int64_t free, absl::Time now,

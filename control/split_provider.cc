@@ -119,7 +119,7 @@ absl::Status SplitProvider::CheckResume(const proto::ServiceCheckpoint& resume,
   std::map<int64_t, std::map<int64_t, int64_t>> ranges;  // epoch -> begin -> end
   for (const proto::SplitProgress& sp : resume.splits()) {
     if (sp.epoch() < 0 || sp.begin() < 0 || sp.end() <= sp.begin() || sp.end() > positions ||
-        sp.delivered_prefix() < 0) {
+        !IndexSet::Valid(sp.delivered_prefix(), sp.delivered_beyond())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the service checkpoint holds a bad split: epoch ", sp.epoch(), ", positions [",
           sp.begin(), ", ", sp.end(), ") of ", positions));
@@ -282,10 +282,15 @@ bool SplitProvider::Complete(int64_t task, int64_t split) {
   if (h->second.empty()) held_.erase(h);
   auto e = epochs_.find(epoch);
   if (e != epochs_.end()) --e->second.open;
-  // Forget epochs that completed, lowest first.
+  // Forget epochs that completed, lowest first (a resumed epoch that was
+  // all delivered never had a split: it completed too).
   while (true) {
     auto low = epochs_.find(done_below_);
-    if (low == epochs_.end()) break;
+    if (low == epochs_.end()) {
+      if (resume_.empty() || SkipDone(done_below_, 0) < positions_) break;
+      ++done_below_;
+      continue;
+    }
     const Epoch& ep = low->second;
     if (ep.open > 0 || !ep.queue.empty() || SkipDone(done_below_, ep.next_position) < positions_) {
       break;

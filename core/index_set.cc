@@ -6,7 +6,8 @@
 namespace sluice {
 
 IndexSet::IndexSet(int64_t prefix, const std::string& beyond)
-    : prefix_(std::max<int64_t>(0, prefix)), base_(prefix_ / 64 * 64) {
+    : prefix_(Valid(prefix, beyond) ? prefix : 0), base_(prefix_ / 64 * 64) {
+  if (!Valid(prefix, beyond)) return;
   for (size_t byte = 0; byte < beyond.size(); ++byte) {
     const auto b = static_cast<uint8_t>(beyond[byte]);
     for (int bit = 0; bit < 8; ++bit) {
@@ -27,7 +28,7 @@ bool IndexSet::Contains(int64_t i) const {
 }
 
 bool IndexSet::Insert(int64_t i) {
-  if (i < 0 || Contains(i)) return false;
+  if (i < 0 || i > kMaxIndex + int64_t{kMaxBitmapBytes} * 8 || Contains(i)) return false;
   const uint64_t off = static_cast<uint64_t>(i - base_);
   const size_t word = first_ + off / 64;
   if (word >= bits_.size()) bits_.resize(word + 1, 0);

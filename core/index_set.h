@@ -13,8 +13,16 @@ namespace sluice {
 
 class IndexSet {
  public:
+  // Indices and saved bitmaps beyond these are not a split's (Valid).
+  static constexpr int64_t kMaxIndex = int64_t{1} << 40;
+  static constexpr size_t kMaxBitmapBytes = size_t{16} << 20;
+  // Whether a saved form is within those bounds.
+  static bool Valid(int64_t prefix, const std::string& beyond) {
+    return prefix >= 0 && prefix <= kMaxIndex && beyond.size() <= kMaxBitmapBytes;
+  }
   IndexSet() = default;
-  // From the saved form (bit i of `beyond`, LSB first, is index prefix + i).
+  // From the saved form (bit i of `beyond`, LSB first, is index prefix + i);
+  // empty unless Valid.
   IndexSet(int64_t prefix, const std::string& beyond);
 
   // Adds `i` (>= 0); true if it was not in the set.

@@ -140,10 +140,15 @@ struct IteratorContext {
 struct SplitSourceInfo {
   const proto::DatasetNode* source = nullptr;  // Range, FromTensors or ListFiles
   // Every op between the source and the root keeps output elements tied to
-  // the source element they came from, in order (Map, Filter, Take, Skip,
-  // Shard, Unbatch, Repeat, ReadRecords, ReadFixedLengthRecords): output
+  // the source element they came from, in order (Map but a parallel one,
+  // Filter, Take, Skip, Shard, Unbatch, Repeat, ReadRecords,
+  // ReadFixedLengthRecords): output
   // elements can be tagged with (split, index in split).
   bool tracked = true;
+  // The first op on the path from the root that keeps a service
+  // checkpoint from resuming (an untracked op, or one that counts across
+  // splits: OpDef::counts_across_splits); null when none does.
+  const char* unresumable_op = nullptr;
 };
 // InvalidArgument (naming the op) unless the pipeline has exactly one
 // splittable source outside Interleave functions.

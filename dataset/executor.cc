@@ -101,11 +101,11 @@ namespace {
 
 // Collects the splittable sources under `n` (outside Interleave functions)
 // and whether the path to each keeps elements tied to their source element.
-absl::Status CollectSources(const proto::DatasetNode& n, bool tracked,
+absl::Status CollectSources(const proto::DatasetNode& n, bool tracked, const char* unresumable,
                             std::vector<SplitSourceInfo>* out) {
   const OpDef* op = FindOp(n.op_case());
   if (op != nullptr && op->split_source != nullptr) {
-    out->push_back({&n, tracked});
+    out->push_back({&n, tracked, unresumable});
     return absl::OkStatus();
   }
   const SplitPassing passing = op == nullptr ? SplitPassing::kNone
@@ -117,8 +117,9 @@ absl::Status CollectSources(const proto::DatasetNode& n, bool tracked,
         "Interleave, a nested Distribute or an empty node)");
   }
   const bool keeps = passing == SplitPassing::kTracked;
+  if (unresumable == nullptr && (!keeps || op->counts_across_splits)) unresumable = op->name;
   for (const proto::DatasetNode* in : InputsOf(n)) {
-    SLUICE_RETURN_IF_ERROR(CollectSources(*in, tracked && keeps, out));
+    SLUICE_RETURN_IF_ERROR(CollectSources(*in, tracked && keeps, unresumable, out));
   }
   return absl::OkStatus();
 }
@@ -127,7 +128,7 @@ absl::Status CollectSources(const proto::DatasetNode& n, bool tracked,
 
 absl::StatusOr<SplitSourceInfo> FindSplitSource(const proto::DatasetNode& root) {
   std::vector<SplitSourceInfo> sources;
-  SLUICE_RETURN_IF_ERROR(CollectSources(root, true, &sources));
+  SLUICE_RETURN_IF_ERROR(CollectSources(root, true, nullptr, &sources));
   if (sources.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "distributed_epoch needs a pipeline with exactly one Range, FromTensors or ListFiles "

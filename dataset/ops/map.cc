@@ -270,12 +270,14 @@ absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const Iter
   return MakeUnaryIterator<ParallelMapIterator>(std::move(a), ctx);
 }
 
-// A nondeterministic parallel Map reorders elements: distributed_epoch
-// cannot tie its output to source positions.
+// A parallel Map reads ahead of its output, across split boundaries (and,
+// nondeterministic, reorders): distributed_epoch cannot tie its output to
+// the split it came from (the worker tags an element with the split its
+// source is reading when the element comes out).
 SplitPassing SplitPassingOf(const proto::DatasetNode& n) {
   const auto& m = n.map();
   const bool parallel = m.num_parallel_calls() != 0 && m.num_parallel_calls() != 1;
-  return parallel && m.nondeterministic() ? SplitPassing::kUntracked : SplitPassing::kTracked;
+  return parallel ? SplitPassing::kUntracked : SplitPassing::kTracked;
 }
 
 }  // namespace

@@ -97,9 +97,14 @@ struct OpDef {
   // ---- dynamic sharding (distributed_epoch) ----
   const SplitSourceTraits* split_source = nullptr;  // non-null: a split source
   SplitPassing split_passing = SplitPassing::kNone;
-  // When set, decides per node instead (Map: a nondeterministic one
-  // reorders its elements).
+  // When set, decides per node instead (Map: a parallel one reads ahead
+  // across splits).
   SplitPassing (*split_passing_of)(const proto::DatasetNode& node) = nullptr;
+  // A tracked op whose output from a split depends on what the task read
+  // before it (a count kept across splits: Take, Skip, Shard): a split
+  // produced again on another worker differs, so a service checkpoint
+  // cannot resume through it (FindSplitSource's unresumable_op).
+  bool counts_across_splits = false;
 
   // ---- static sharding ----
   FileSharding file_sharding = FileSharding::kNone;

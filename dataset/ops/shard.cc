@@ -68,6 +68,7 @@ extern const OpDef kShardOp = {
     .analyze = &Analyze,
     .make_iterator = &MakeUnaryIterator<ShardIterator>,
     .split_passing = SplitPassing::kTracked,
+    .counts_across_splits = true,
     .is_shard_hint = &IsShardHint,
     .fill_shard_hint = &FillShardHint,
 };

@@ -51,6 +51,7 @@ extern const OpDef kSkipOp = {
     .analyze = &Analyze,
     .make_iterator = &MakeUnaryIterator<SkipIterator>,
     .split_passing = SplitPassing::kTracked,
+    .counts_across_splits = true,
 };
 
 }  // namespace sluice::internal

@@ -50,6 +50,7 @@ extern const OpDef kTakeOp = {
     .analyze = &Analyze,
     .make_iterator = &MakeUnaryIterator<TakeIterator>,
     .split_passing = SplitPassing::kTracked,
+    .counts_across_splits = true,
 };
 
 }  // namespace sluice::internal

@@ -433,9 +433,9 @@ SplitPosition At(int64_t split, int64_t index, int64_t begin, int64_t end, int64
 // dispatcher's watermark with nothing of it held back.
 TEST(SplitProgressTrackerTest, SavesWhatNextReturnedAndDoneOnlyBelowTheWatermark) {
   SplitProgressTracker t;
-  for (int64_t i = 0; i < 4; ++i) t.Queued(At(5, i, 0, 4));
+  for (int64_t i = 0; i < 4; ++i) t.Arrived(At(5, i, 0, 4));
   for (int64_t i = 0; i < 4; ++i) t.Returned(At(5, i, 0, 4));
-  for (int64_t i = 0; i < 3; ++i) t.Queued(At(6, i, 4, 8));
+  for (int64_t i = 0; i < 3; ++i) t.Arrived(At(6, i, 4, 8));
   t.Returned(At(6, 0, 4, 8));
   t.Returned(At(6, 2, 4, 8));  // index 1 still buffered
   t.SetWatermark(7);            // both splits completed at the dispatcher
@@ -455,7 +455,7 @@ TEST(SplitProgressTrackerTest, SavesWhatNextReturnedAndDoneOnlyBelowTheWatermark
   EXPECT_TRUE(delivered.Contains(2));
   // Below the watermark only: a split still open is never done.
   SplitProgressTracker open;
-  open.Queued(At(9, 0, 0, 1));
+  open.Arrived(At(9, 0, 0, 1));
   open.Returned(At(9, 0, 0, 1));
   open.SetWatermark(9);
   EXPECT_FALSE(open.Save(8).splits(0).done());
@@ -470,17 +470,17 @@ TEST(SplitProgressTrackerTest, SavesWhatNextReturnedAndDoneOnlyBelowTheWatermark
 TEST(SplitProgressTrackerTest, MergingUnitesDeliveriesAndTrustsOnlyTheLowestWatermark) {
   SplitProgressTracker a, b;
   for (int64_t i : {0, 2}) {
-    a.Queued(At(5, i, 0, 4));
+    a.Arrived(At(5, i, 0, 4));
     a.Returned(At(5, i, 0, 4));
   }
-  b.Queued(At(5, 1, 0, 4));
+  b.Arrived(At(5, 1, 0, 4));
   b.Returned(At(5, 1, 0, 4));
-  b.Queued(At(5, 3, 0, 4));  // buffered at b's save
+  b.Arrived(At(5, 3, 0, 4));  // buffered at b's save
   for (int64_t i : {0, 1}) {
-    a.Queued(At(6, i, 4, 8));
+    a.Arrived(At(6, i, 4, 8));
     a.Returned(At(6, i, 4, 8));
   }
-  b.Queued(At(6, 2, 4, 8));
+  b.Arrived(At(6, 2, 4, 8));
   b.Returned(At(6, 2, 4, 8));
   a.SetWatermark(7);
   b.SetWatermark(6);
@@ -502,11 +502,56 @@ TEST(SplitProgressTrackerTest, MergingUnitesDeliveriesAndTrustsOnlyTheLowestWate
   proto::ServiceCheckpoint other = b.Save(9);
   EXPECT_TRUE(absl::IsInvalidArgument(MergeServiceCheckpoints({a.Save(8), other}).status()));
   SplitProgressTracker recut;
-  recut.Queued(At(5, 0, 0, 3));
+  recut.Arrived(At(5, 0, 0, 3));
   recut.Returned(At(5, 0, 0, 3));
   EXPECT_TRUE(
       absl::IsInvalidArgument(MergeServiceCheckpoints({a.Save(8), recut.Save(8)}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(MergeServiceCheckpoints({}).status()));
+}
+
+// A resumed consumer's checkpoint keeps what the checkpoint it resumed
+// from carried: done ranges stay done (even with no id in this
+// iteration), and a partly delivered split's earlier elements stay
+// delivered beside those returned since.
+TEST(SplitProgressTrackerTest, AResumedConsumersCheckpointKeepsWhatItResumedFrom) {
+  proto::ServiceCheckpoint from;
+  from.set_version(1);
+  from.set_positions(12);
+  proto::SplitProgress* done = from.add_splits();
+  done->set_begin(0);
+  done->set_end(4);
+  done->set_done(true);
+  proto::SplitProgress* part = from.add_splits();
+  part->set_begin(4);
+  part->set_end(8);
+  part->set_delivered_prefix(2);  // indices 0 and 1
+  SplitProgressTracker t;
+  t.Seed(from);
+  // Saved at once: the same ranges, nothing lost.
+  proto::ServiceCheckpoint at_once = t.Save(12);
+  ASSERT_EQ(at_once.splits_size(), 2);
+  EXPECT_TRUE(at_once.splits(0).done());
+  EXPECT_FALSE(at_once.splits(1).done());
+  EXPECT_EQ(at_once.splits(1).delivered_prefix(), 2);
+  // The partial split is read in this iteration (new id 3): index 3.
+  t.Arrived(At(3, 3, 4, 8));
+  t.Returned(At(3, 3, 4, 8));
+  const proto::ServiceCheckpoint later = t.Save(12);
+  ASSERT_EQ(later.splits_size(), 2);
+  const IndexSet d(later.splits(1).delivered_prefix(), later.splits(1).delivered_beyond());
+  EXPECT_TRUE(d.Contains(0) && d.Contains(1) && d.Contains(3));
+  EXPECT_FALSE(d.Contains(2));
+  // Merged with a consumer that never read: the carried done range stays
+  // done though it has no id below any watermark.
+  SplitProgressTracker other;
+  ASSERT_OK_AND_ASSIGN(proto::ServiceCheckpoint m, MergeServiceCheckpoints({later, other.Save(12)}));
+  ASSERT_EQ(m.splits_size(), 2);
+  EXPECT_TRUE(m.splits(0).done());
+  EXPECT_FALSE(m.splits(1).done());
+  // A position off the wire beyond any split's size is not tracked.
+  SplitProgressTracker bad;
+  bad.Returned(At(3, IndexSet::kMaxIndex + 1, 4, 8));
+  EXPECT_TRUE(bad.untracked());
 }
 
 }  // namespace

@@ -119,6 +119,39 @@ TEST_P(CheckpointTest, AConsumerResumesOnAFreshServiceWithFewerWorkersExactlyOnc
   watchdog.Disarm();
 }
 
+// A job preempted twice: the resumed iteration saves again (once at once,
+// as a trainer's state_dict() at the resume step, and once after reading
+// more), and the second checkpoint resumes on a third service.
+TEST_P(CheckpointTest, AResumedIterationCheckpointsAndResumesAgain) {
+  Watchdog watchdog(absl::Seconds(240), "AResumedIterationCheckpointsAndResumesAgain",
+                    [this] { KillAllChildren(); });
+  for (const int64_t more : {int64_t{0}, int64_t{700}}) {
+    SCOPED_TRACE(absl::StrCat(more, " more after the first resume"));
+    ASSERT_OK(NewService(3));
+    std::vector<int64_t> values;
+    std::string first;
+    {
+      ASSERT_OK_AND_ASSIGN(auto it, Pipeline().MakeIterator());
+      ASSERT_OK(Read(*it, 900, &values));
+      ASSERT_OK_AND_ASSIGN(first, it->Save());
+    }
+    ASSERT_OK(NewService(2));
+    std::string second;
+    {
+      ASSERT_OK_AND_ASSIGN(auto it, Pipeline().MakeIterator(first));
+      ASSERT_OK(Read(*it, more, &values));
+      ASSERT_OK_AND_ASSIGN(second, it->Save());
+      std::vector<int64_t> lost;
+      ASSERT_OK(Read(*it, 50, &lost));
+    }
+    ASSERT_OK(NewService(1));
+    ASSERT_OK_AND_ASSIGN(auto third, Pipeline().MakeIterator(second));
+    ASSERT_OK(Drain(*third, &values));
+    ExpectExactlyOnce(values);
+  }
+  watchdog.Disarm();
+}
+
 // The harder path: a worker is SIGKILLed before the checkpoint (its splits
 // were handed out again), and the fault-tolerant dispatcher is SIGKILLed and
 // restarted from its journal between the save and the restore, which
@@ -215,6 +248,18 @@ TEST_P(CheckpointTest, UnsavablePositionsAndBadCheckpointsAreClearErrors) {
     auto s = it->Save();
     EXPECT_TRUE(absl::IsUnimplemented(s.status())) << s.status();
     EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr("Batch"));
+  }
+  // Ops that count across splits, or read ahead across them, refuse
+  // before any element was read.
+  for (const auto& [name, ds] :
+       std::vector<std::pair<std::string, Dataset>>{
+           {"Take", Dataset::Range(10).Take(5)},
+           {"Shard", Dataset::Range(10).Shard(2, 0)},
+           {"Map", Dataset::Range(10).Map(expr::x * 2, 4)}}) {
+    ASSERT_OK_AND_ASSIGN(auto it, ds.Apply(Distribute(opt)).MakeIterator());
+    auto s = it->Save();
+    EXPECT_TRUE(absl::IsUnimplemented(s.status())) << name << ": " << s.status();
+    EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr(name));
   }
   ASSERT_OK_AND_ASSIGN(auto it, Pipeline().MakeIterator());
   std::vector<int64_t> v;
