@@ -242,8 +242,7 @@ class DataServiceIterator final : public Iterator {
             "move it after Distribute (docs/checkpointing.md)");
       }
     }
-    it->MakeReader();
-    if (resume != nullptr) it->SeedProgress(resume_from);
+    it->MakeReader(resume != nullptr ? &resume_from : nullptr);
     GetCounters().started++;
     // Learn the current tasks at once; the heartbeat thread retries
     // transport failures.
@@ -392,8 +391,10 @@ class DataServiceIterator final : public Iterator {
         callbacks_done_(std::make_shared<absl::Notification>()),
         alive_(nullptr, [done = callbacks_done_](void*) { done->Notify(); }) {}
 
-  // The reader, once the client id is known.
-  void MakeReader() ABSL_LOCKS_EXCLUDED(mu_) {
+  // The reader, once the client id is known; `resume` (a resumed
+  // iteration's checkpoint) seeds a first-come reader's progress, so that a
+  // checkpoint of the resumed iteration holds what it carried.
+  void MakeReader(const proto::ServiceCheckpoint* resume) ABSL_LOCKS_EXCLUDED(mu_) {
     internal::ReaderOptions o;
     o.max_outstanding = node_.max_outstanding_requests();
     o.consumer_index = node_.consumer_index();
@@ -409,15 +410,10 @@ class DataServiceIterator final : public Iterator {
       rounds_ = r.get();
       reader_ = std::move(r);
     } else {
-      reader_ = std::make_unique<internal::FcfsReader>(o);
+      auto r = std::make_unique<internal::FcfsReader>(o);
+      if (resume != nullptr) r->SeedProgress(*resume);
+      reader_ = std::move(r);
     }
-  }
-
-  // A resumed iteration's checkpoint seeds this consumer's progress (a
-  // checkpoint of the resumed iteration holds what it carried).
-  void SeedProgress(const proto::ServiceCheckpoint& from) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock l(&mu_);
-    if (auto* fcfs = dynamic_cast<internal::FcfsReader*>(reader_.get())) fcfs->SeedProgress(from);
   }
 
   // The transport to a task's worker: the iteration's protocol when the

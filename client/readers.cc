@@ -427,7 +427,6 @@ void SplitProgressTracker::Returned(const SplitPosition& pos) {
   }
   Progress& p = splits_[pos.split_id];
   p.delivered.Insert(pos.index);
-  ++p.returned;
 }
 
 proto::ServiceCheckpoint SplitProgressTracker::Save(int64_t positions) const {
@@ -446,8 +445,9 @@ proto::ServiceCheckpoint SplitProgressTracker::Save(int64_t positions) const {
     sp.set_epoch(p.epoch);
     sp.set_begin(p.begin);
     sp.set_end(p.end);
-    sp.set_undelivered(p.arrived > p.returned);
-    sp.set_done(id < watermark_ && p.arrived <= p.returned);
+    const bool held_back = p.arrived > p.delivered.size();
+    sp.set_undelivered(held_back);
+    sp.set_done(id < watermark_ && !held_back);
     IndexSet delivered = p.delivered;
     auto carried = carried_.find({p.epoch, p.begin});
     if (carried != carried_.end() && carried->second.end == p.end) {

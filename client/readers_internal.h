@@ -159,8 +159,8 @@ class SplitProgressTracker {
  private:
   struct Progress {
     int64_t epoch = 0, begin = 0, end = 0;
-    int64_t arrived = 0, returned = 0;
-    IndexSet delivered;
+    int64_t arrived = 0;
+    IndexSet delivered;  // returned by Next() in this iteration
   };
   // Whether `pos` is a position this tracker can hold.
   static bool Tracked(const SplitPosition& pos);
