@@ -60,23 +60,132 @@ namespace {
 // (ucx::Worker::Shared), so one AM handler serves them all and finds the
 // server by the endpoint a request came on. Progress thread only.
 //
-// A stopped server's listener is not destroyed at once: it rejects
-// connections for kListenerGrace first. UCX 1.13 may replay an async event
-// it queued for a listener after the listener is gone (its missed-event
-// queue is not purged on removal; fixed upstream in 1.18) and crashed in
-// uct_listener_reject when in-process servers restarted many times a
-// second (tests/dataplane/ucx_stress_test.cc).
+// A stopped server's listener is not destroyed at once: it keeps
+// answering for kListenerGrace first. UCX 1.13 may replay an async event it
+// queued for a socket after the socket is gone: its missed-event queue is
+// keyed by file descriptor and not purged when a handler is removed (fixed
+// upstream in 1.18), so a stale event reaches whatever socket reuses the
+// number. Destroying a listener at once crashed in uct_listener_reject when
+// in-process servers restarted many times a second
+// (tests/dataplane/ucx_stress_test.cc).
+//
+// Nor does the grace period reject connections: uct_listener_reject arms
+// the socket for writing while UCX's async lock is held, sends the refusal
+// and closes the socket, so the write event is nearly always left in the
+// queue, and when the next accepted connection reuses the descriptor it
+// fires on a server endpoint that has sent nothing:
+// `tcp_sockcm_ep.c:416 Assertion ... UCT_TCP_SOCKCM_EP_SERVER_CREATED`
+// killed a process whose workers stopped while clients reconnected. A
+// stopped server instead accepts the connection the usual way and answers
+// each request on it with Unavailable ("worker stopped"), which a client
+// treats like any worker that went away; the endpoints close with the
+// listener.
 struct ListenerSlot {
   UcxElementServer::Impl* owner = nullptr;  // null once its server stopped
   ucp_listener_h listener = nullptr;
   absl::Time stopped_at = absl::InfiniteFuture();
+  ucp_worker_h worker = nullptr;            // the process's (ucx::Worker::Shared)
+  std::string address;                      // for the refusal's message
+  std::set<ucp_ep_h> eps;                   // accepted after the server stopped
 };
 constexpr absl::Duration kListenerGrace = absl::Seconds(2);
 struct ServerRegistry {
   std::map<ucp_ep_h, UcxElementServer::Impl*> owner;  // accepted endpoints
+  std::map<ucp_ep_h, ListenerSlot*> stopped_owner;     // accepted after a server stopped
   std::vector<std::unique_ptr<ListenerSlot>> stopped;  // listeners in their grace period
   bool handler_installed = false;
 };
+ServerRegistry& Registry();
+
+// A reply's AM header and what keeps its data alive until UCX is done.
+struct Outgoing {
+  std::string reply;
+  std::vector<FrameBuffer> frames;
+  std::shared_ptr<SlotPool::Buffer> blob;  // a packed batch
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  void* memh = nullptr;
+  bool eager = false;  // small, and the client takes it so
+};
+
+// An error reply to request `request_id`: the header, then the message.
+std::shared_ptr<Outgoing> ErrorReply(uint64_t request_id, const absl::Status& error) {
+  auto out = std::make_shared<Outgoing>();
+  ReplyHeader h{};
+  h.magic = ucx::kReplyMagic;
+  h.request_id = request_id;
+  h.split_id = -1;
+  h.split_index = -1;
+  h.seq = -1;
+  h.flags = ucx::kReplyError;
+  h.code = static_cast<uint32_t>(error.code());
+  const std::string msg(error.message().substr(0, ucx::kMaxInline));
+  h.inline_len = static_cast<uint32_t>(msg.size());
+  out->reply.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  out->reply.append(msg);
+  return out;
+}
+
+// Sends `out` on `ep` (progress thread). Rendezvous: the payload goes
+// straight into the client's buffer; small replies go in the message when
+// the client asked so.
+void SendReply(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
+  auto* holder = new std::shared_ptr<Outgoing>(std::move(out));
+  const Outgoing& o = **holder;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+    if (status != UCS_OK) g_send_errors++;
+    delete static_cast<std::shared_ptr<Outgoing>*>(user_data);
+    ucp_request_free(request);
+  };
+  p.user_data = holder;
+  p.flags = o.size == 0 ? 0 : o.eager ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
+  if (o.memh != nullptr) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = static_cast<ucp_mem_h>(o.memh);
+  }
+  ucs_status_ptr_t st = ucp_am_send_nbx(ep, ucx::kElementAm, o.reply.data(), o.reply.size(),
+                                        o.size == 0 ? nullptr : o.data, o.size, &p);
+  if (st == nullptr) {
+    delete holder;
+  } else if (UCS_PTR_IS_ERR(st)) {
+    spdlog::warn("worker ucx: reply failed: {}", ucs_status_string(UCS_PTR_STATUS(st)));
+    g_send_errors++;
+    delete holder;
+  }
+}
+
+// The endpoints accepted by a stopped server's listener (progress thread).
+void OnStoppedEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
+  auto* slot = static_cast<ListenerSlot*>(arg);
+  if (slot->eps.erase(ep)) {
+    Registry().stopped_owner.erase(ep);
+    ucx::CloseEndpointForce(ep);
+  }
+}
+void AcceptForStoppedServer(ListenerSlot* slot, ucp_conn_request_h req) {
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.conn_request = req;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = &OnStoppedEpError;
+  p.err_handler.arg = slot;
+  ucp_ep_h ep = nullptr;
+  if (ucp_ep_create(slot->worker, &p, &ep) != UCS_OK) return;  // UCX refused it itself
+  slot->eps.insert(ep);
+  Registry().stopped_owner[ep] = slot;
+}
+void CloseStoppedListener(ListenerSlot* slot) {
+  for (ucp_ep_h ep : slot->eps) {
+    Registry().stopped_owner.erase(ep);
+    ucx::CloseEndpointForce(ep);
+  }
+  slot->eps.clear();
+  ucp_listener_destroy(slot->listener);
+}
 ServerRegistry& Registry() {
   static ServerRegistry* r = new ServerRegistry();
   return *r;
@@ -120,7 +229,7 @@ struct UcxElementServer::Impl {
   static void OnConnRequest(ucp_conn_request_h req, void* arg) {
     auto* slot = static_cast<ListenerSlot*>(arg);
     if (slot->owner == nullptr) {  // its server stopped
-      ucp_listener_reject(slot->listener, req);
+      AcceptForStoppedServer(slot, req);
       return;
     }
     Impl* self = slot->owner;
@@ -162,9 +271,6 @@ struct UcxElementServer::Impl {
   static ucs_status_t OnRequest(void*, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
     const bool can_reply = param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
-    auto owner = can_reply ? Registry().owner.find(param->reply_ep) : Registry().owner.end();
-    if (owner == Registry().owner.end()) return UCS_OK;  // its server stopped
-    Impl* self = owner->second;
     // magic, version and request_id sit at the same offsets in every version.
     constexpr size_t kCommonPrefix = 16;
     if (header_length < kCommonPrefix || !can_reply) {
@@ -180,6 +286,17 @@ struct UcxElementServer::Impl {
       spdlog::warn("worker ucx: dropped a request with bad magic");
       return UCS_OK;
     }
+    auto owner = Registry().owner.find(param->reply_ep);
+    if (owner == Registry().owner.end()) {
+      auto stopped = Registry().stopped_owner.find(param->reply_ep);
+      if (stopped != Registry().stopped_owner.end()) {
+        SendReply(param->reply_ep,
+                  ErrorReply(request_id, absl::UnavailableError(absl::StrCat(
+                                             "worker ", stopped->second->address, " stopped"))));
+      }
+      return UCS_OK;  // its server stopped, and the endpoint closed with it
+    }
+    Impl* self = owner->second;
     if (version != ucx::kProtocolVersion) {
       self->Refuse(param->reply_ep, request_id,
                    absl::FailedPreconditionError(absl::StrCat(
@@ -255,6 +372,11 @@ struct UcxElementServer::Impl {
       auto r = job.refusal.ok() ? source(job.request)
                                 : absl::StatusOr<ServedBatch>(job.refusal);
       if (!r.ok() && job.refusal.ok() && !absl::IsCancelled(r.status())) serve_errors++;
+      ucp_ep_h ep = job.ep;
+      if (!r.ok()) {
+        worker->Post([this, ep, out = ErrorReply(job.request_id, r.status())] { Send(ep, out); });
+        continue;
+      }
       auto out = std::make_shared<Outgoing>();
       out->reply.resize(sizeof(ReplyHeader));
       ReplyHeader h{};
@@ -262,12 +384,8 @@ struct UcxElementServer::Impl {
       h.request_id = job.request_id;
       h.split_id = -1;
       h.split_index = -1;
-      h.seq = r.ok() && (!r->frames.empty() || r->end_of_sequence) ? r->seq : -1;
-      if (!r.ok()) {
-        h.flags = ucx::kReplyError;
-        h.code = static_cast<uint32_t>(r.status().code());
-        out->reply.append(std::string(r.status().message().substr(0, ucx::kMaxInline)));
-      } else if (r->frames.empty()) {
+      h.seq = !r->frames.empty() || r->end_of_sequence ? r->seq : -1;
+      if (r->frames.empty()) {
         h.flags = r->end_of_sequence ? ucx::kReplyEndOfSequence : ucx::kReplyNotReady;
       } else if (r->frames.size() == 1) {
         FrameBuffer& f = r->frames[0];
@@ -295,34 +413,20 @@ struct UcxElementServer::Impl {
         if (r->resent) h.flags |= ucx::kReplyResent;
       } else {
         absl::Status s = PackBatch(r->frames, out.get());
-        if (s.ok()) {
-          h.flags = ucx::kReplyBatch | (r->resent ? ucx::kReplyResent : 0);
-          g_batched_replies++;
-        } else {
-          h.flags = ucx::kReplyError;
-          h.code = static_cast<uint32_t>(s.code());
-          out->reply.append(std::string(s.message().substr(0, ucx::kMaxInline)));
+        if (!s.ok()) {
+          worker->Post([this, ep, err = ErrorReply(job.request_id, s)] { Send(ep, err); });
+          continue;
         }
+        h.flags = ucx::kReplyBatch | (r->resent ? ucx::kReplyResent : 0);
+        g_batched_replies++;
       }
       out->eager = job.eager_small && out->size <= ucx::kEagerReplyBytes;
       h.inline_len = static_cast<uint32_t>(out->reply.size() - sizeof(h));
       h.data_size = out->size;
       std::memcpy(out->reply.data(), &h, sizeof(h));
-      ucp_ep_h ep = job.ep;
       worker->Post([this, ep, out] { Send(ep, out); });
     }
   }
-
-  // A reply on its way: the AM header and what keeps the data alive.
-  struct Outgoing {
-    std::string reply;
-    std::vector<FrameBuffer> frames;
-    std::shared_ptr<SlotPool::Buffer> blob;  // a packed batch
-    const uint8_t* data = nullptr;
-    size_t size = 0;
-    void* memh = nullptr;
-    bool eager = false;  // small, and the client takes it so
-  };
 
   // Packs several frames into one registered blob (see ucx_protocol.h).
   // The frames are small (batches hold only elements below
@@ -359,33 +463,7 @@ struct UcxElementServer::Impl {
   // On the progress thread.
   void Send(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
     if (!eps.count(ep)) return;  // the client disconnected meanwhile
-    auto* holder = new std::shared_ptr<Outgoing>(std::move(out));
-    const Outgoing& o = **holder;
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                     UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-      if (status != UCS_OK) g_send_errors++;
-      delete static_cast<std::shared_ptr<Outgoing>*>(user_data);
-      ucp_request_free(request);
-    };
-    p.user_data = holder;
-    // Rendezvous: the payload goes straight into the client's buffer;
-    // small replies go in the message when the client asked so.
-    p.flags = o.size == 0 ? 0 : o.eager ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
-    if (o.memh != nullptr) {
-      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-      p.memh = static_cast<ucp_mem_h>(o.memh);
-    }
-    ucs_status_ptr_t st = ucp_am_send_nbx(ep, ucx::kElementAm, o.reply.data(), o.reply.size(),
-                                          o.size == 0 ? nullptr : o.data, o.size, &p);
-    if (st == nullptr) {
-      delete holder;
-    } else if (UCS_PTR_IS_ERR(st)) {
-      spdlog::warn("worker ucx: reply failed: {}", ucs_status_string(UCS_PTR_STATUS(st)));
-      g_send_errors++;
-      delete holder;
-    }
+    SendReply(ep, std::move(out));
   }
 };
 
@@ -431,7 +509,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
             ++it;
             continue;
           }
-          ucp_listener_destroy((*it)->listener);
+          CloseStoppedListener(it->get());
           it = stopped.erase(it);
         }
       });
@@ -443,6 +521,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
     lp.conn_handler.cb = &Impl::OnConnRequest;
     raw->slot = std::make_unique<ListenerSlot>();
     raw->slot->owner = raw;
+    raw->slot->worker = raw->worker->handle();
     lp.conn_handler.arg = raw->slot.get();
     ucs_status_t s = ucp_listener_create(raw->worker->handle(), &lp, &raw->listener);
     if (s != UCS_OK) {
@@ -458,6 +537,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
       return;
     }
     raw->address = ucx::SockaddrToString(attr.sockaddr);
+    raw->slot->address = raw->address;
   });
   if (!status.ok()) {
     UcxElementServer failed(std::move(impl));  // Stop() releases what was created

@@ -211,5 +211,103 @@ TEST(UcxStressTest, ConnectsDisconnectsAndServerRestartsUnderLoadNeverAbort) {
   EXPECT_GT(replies.load(), 10);
 }
 
+// Clients that reach a server after it stopped (they learn of the stop
+// later, from the dispatcher) get Unavailable naming the stop, which they
+// retry like any worker that went away, while many such connections arrive
+// at once and other servers start. UCX 1.13 aborted the process here when
+// the stopped server rejected connections (tcp_sockcm_ep.c:416: the
+// refusal's write event outlived its socket and fired on the next accepted
+// one; see ucx_server.cc).
+TEST(UcxStressTest, ClientsOfStoppedServersGetUnavailableAndNothingAborts) {
+  constexpr int kRounds = 4, kServers = 12, kClients = 4;
+  int64_t answered = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::unique_ptr<Slot>> slots;
+    std::vector<std::string> addresses;
+    for (int i = 0; i < kServers; ++i) {
+      slots.push_back(std::make_unique<Slot>());
+      ASSERT_OK(StartInto(*slots.back()));
+      absl::MutexLock l(&slots.back()->mu);
+      addresses.push_back(slots.back()->address);
+    }
+    for (auto& s : slots) {
+      absl::MutexLock l(&s->mu);
+      s->server->Stop();
+    }
+    std::atomic<int64_t> unavailable{0}, other{0};
+    absl::Mutex mu;
+    std::string unexpected;
+    std::vector<std::thread> clients;
+    for (int c = 0; c < kClients; ++c) {
+      clients.emplace_back([&, c] {
+        for (int i = 0; i < kServers; ++i) {
+          const std::string& address = addresses[(i + c * 3) % kServers];
+          auto t = MakeUcxElementTransport(address);
+          if (!t.ok()) {
+            other++;
+            continue;
+          }
+          ElementRequest req;
+          req.task_id = (int64_t{900} << 8) | 2;
+          req.wait = absl::Milliseconds(50);
+          auto res = (*t)->GetElement(req);
+          if (absl::IsUnavailable(res.status())) {
+            unavailable++;
+          } else {
+            other++;
+            absl::MutexLock l(&mu);
+            unexpected = res.ok() ? "an element" : res.status().ToString();
+          }
+        }
+      });
+    }
+    // Servers start meanwhile, so accepted sockets reuse descriptors.
+    std::vector<std::unique_ptr<Slot>> fresh;
+    for (int i = 0; i < kServers; ++i) {
+      fresh.push_back(std::make_unique<Slot>());
+      ASSERT_OK(StartInto(*fresh.back()));
+    }
+    for (auto& th : clients) th.join();
+    EXPECT_EQ(other.load(), 0) << unexpected;
+    EXPECT_EQ(unavailable.load(), kClients * kServers);
+    answered += unavailable.load();
+    for (auto& s : fresh) {
+      absl::MutexLock l(&s->mu);
+      s->server->Stop();
+    }
+  }
+  std::printf("stopped servers: %lld requests answered Unavailable\n",
+              static_cast<long long>(answered));
+}
+
+// Within the grace period a stopped server says so; after it the port is
+// closed and a request still fails as Unavailable rather than hanging.
+TEST(UcxStressTest, AStoppedServerSaysSoThenItsPortCloses) {
+  Slot slot;
+  ASSERT_OK(StartInto(slot));
+  std::string address;
+  {
+    absl::MutexLock l(&slot.mu);
+    address = slot.address;
+    slot.server->Stop();
+  }
+  ElementRequest req;
+  req.task_id = (int64_t{900} << 8) | 2;
+  req.wait = absl::Milliseconds(50);
+  auto t = MakeUcxElementTransport(address);
+  ASSERT_OK(t.status());
+  auto res = (*t)->GetElement(req);
+  ASSERT_TRUE(absl::IsUnavailable(res.status())) << res.status();
+  EXPECT_NE(res.status().message().find("stopped"), std::string::npos) << res.status();
+  absl::SleepFor(absl::Seconds(3));  // past the listener's grace period
+  res = (*t)->GetElement(req);
+  EXPECT_TRUE(absl::IsUnavailable(res.status())) << res.status();
+  auto t2 = MakeUcxElementTransport(address);
+  if (t2.ok()) {
+    res = (*t2)->GetElement(req);
+    EXPECT_TRUE(absl::IsUnavailable(res.status())) << res.status();
+  }
+}
+
 }  // namespace
 }  // namespace sluice
