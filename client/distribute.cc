@@ -146,10 +146,10 @@ class DataServiceIterator final : public Iterator {
                             internal::ParseProcessingMode(node.processing_mode()));
     proto::ServiceCheckpoint resume_from;
     if (resume != nullptr) {
-      if (mode != proto::DISTRIBUTED_EPOCH || node.num_consumers() > 0) {
+      if (mode != proto::DISTRIBUTED_EPOCH && node.num_consumers() == 0) {
         return absl::InvalidArgumentError(
-            "the checkpoint holds a service position, but this Distribute is not "
-            "distributed_epoch: restore into the pipeline that saved it");
+            "the checkpoint holds a service position, but this Distribute is neither "
+            "distributed_epoch nor coordinated reads: restore into the pipeline that saved it");
       }
       if (!resume_from.ParseFromString(*resume)) {
         return internal::CorruptCheckpoint("Distribute's position does not parse");
@@ -232,6 +232,7 @@ class DataServiceIterator final : public Iterator {
                                 &iter, address, timeout));
     it->client_id_ = iter.iteration_client_id();
     it->split_positions_ = iter.split_positions();
+    it->first_round_ = iter.first_round();
     if (mode == proto::DISTRIBUTED_EPOCH && node.has_dataset()) {
       auto source = internal::FindSplitSource(node.dataset().root());
       if (source.ok() && source->unresumable_op != nullptr) {
@@ -287,22 +288,32 @@ class DataServiceIterator final : public Iterator {
     }
   }
 
-  // distributed_epoch: this consumer's position in the iteration, by
-  // source positions (proto::ServiceCheckpoint; docs/checkpointing.md).
+  // This consumer's position in the iteration (proto::ServiceCheckpoint;
+  // docs/checkpointing.md): distributed_epoch, by source positions;
+  // coordinated reads, the round it returns next.
   absl::Status SaveState(proto::IteratorState* state) const override ABSL_LOCKS_EXCLUDED(mu_) {
-    if (!distributed_) {
+    if (!distributed_ && !coordinated_) {
       return absl::UnimplementedError(absl::StrCat(
-          "Distribute cannot save a ", node_.processing_mode(), " position (Iterator::Save): ",
-          coordinated_ ? "coordinated reads cannot be checkpointed yet"
-                       : "every worker reads the whole dataset at its own pace, so no "
-                         "position of the job names what was delivered; use "
-                         "distributed_epoch (docs/checkpointing.md)"));
+          "Distribute cannot save a ", node_.processing_mode(),
+          " position (Iterator::Save): every worker reads the whole dataset at its own pace, so "
+          "no position of the job names what was delivered; use distributed_epoch "
+          "(docs/checkpointing.md)"));
     }
     absl::MutexLock l(&mu_);
     if (!ErrorLocked().ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Distribute cannot save the position of a failed iteration: ",
           ErrorLocked().message()));
+    }
+    state->set_op(internal::kDataServiceOpName);
+    if (coordinated_) {
+      proto::ServiceCheckpoint c;
+      c.set_version(1);
+      c.set_consumers(1);
+      c.set_num_consumers(node_.num_consumers());
+      c.set_round(rounds_->return_round());
+      state->set_blob(c.SerializeAsString());
+      return absl::OkStatus();
     }
     if (!checkpoint_refusal_.empty()) return absl::UnimplementedError(checkpoint_refusal_);
     const internal::SplitProgressTracker* progress = reader_->progress();
@@ -312,7 +323,6 @@ class DataServiceIterator final : public Iterator {
           "to splits of its source (an op such as Batch, Shuffle or Interleave runs before "
           "Distribute); move it after Distribute (docs/checkpointing.md)");
     }
-    state->set_op(internal::kDataServiceOpName);
     state->set_blob(progress->Save(split_positions_).SerializeAsString());
     return absl::OkStatus();
   }
@@ -406,7 +416,7 @@ class DataServiceIterator final : public Iterator {
     o.max_elements_per_reply = options_.max_elements_per_reply;
     absl::MutexLock l(&mu_);
     if (coordinated_) {
-      auto r = std::make_unique<internal::RoundReader>(o);
+      auto r = std::make_unique<internal::RoundReader>(o, first_round_);
       rounds_ = r.get();
       reader_ = std::move(r);
     } else {
@@ -699,6 +709,7 @@ class DataServiceIterator final : public Iterator {
   std::shared_ptr<void> alive_;
   int64_t client_id_ = 0;
   int64_t split_positions_ = 0;  // distributed_epoch: what checkpoints are saved over
+  int64_t first_round_ = 0;      // coordinated reads: where the consumers start
   std::string checkpoint_refusal_;  // why Save() cannot work (set by Create)
   std::vector<std::thread> threads_;
 

@@ -475,6 +475,31 @@ proto::ServiceCheckpoint SplitProgressTracker::Save(int64_t positions) const {
 absl::StatusOr<proto::ServiceCheckpoint> MergeServiceCheckpoints(
     const std::vector<proto::ServiceCheckpoint>& parts) {
   if (parts.empty()) return absl::InvalidArgumentError("no service checkpoints to merge");
+  if (parts[0].num_consumers() > 0) {
+    // Coordinated reads: the consumers' round, which agrees when they saved
+    // at the same training step (each step takes one round of each).
+    proto::ServiceCheckpoint out = parts[0];
+    out.set_consumers(0);
+    for (const proto::ServiceCheckpoint& c : parts) {
+      if (c.version() != 1 || c.num_consumers() != parts[0].num_consumers() ||
+          c.splits_size() > 0) {
+        return absl::InvalidArgumentError(
+            "the service checkpoints to merge are of different versions or jobs");
+      }
+      if (c.round() != parts[0].round()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the coordinated consumers' checkpoints to merge are at rounds ", parts[0].round(),
+            " and ", c.round(), ": save every consumer at the same training step"));
+      }
+      out.set_consumers(out.consumers() + std::max(1, c.consumers()));
+    }
+    if (out.consumers() > out.num_consumers()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "merging ", out.consumers(), " checkpoints of a job of ", out.num_consumers(),
+          " coordinated consumers: a consumer's checkpoint is there twice, or the jobs differ"));
+    }
+    return out;
+  }
   struct Merged {
     int64_t end = 0, split_id = 0;
     bool undelivered = false, carried_done = false;
@@ -484,7 +509,7 @@ absl::StatusOr<proto::ServiceCheckpoint> MergeServiceCheckpoints(
   int64_t watermark = parts[0].split_watermark();
   int32_t consumers = 0;
   for (const proto::ServiceCheckpoint& c : parts) {
-    if (c.version() != 1 || c.positions() != parts[0].positions()) {
+    if (c.version() != 1 || c.positions() != parts[0].positions() || c.num_consumers() > 0) {
       return absl::InvalidArgumentError(
           "the service checkpoints to merge are of different versions or sources");
     }
@@ -561,7 +586,10 @@ void RoundReader::Resolve(int64_t round, std::optional<Element> e, SplitPosition
   rounds_.emplace(round, std::move(p));
   for (auto it = rounds_.begin(); it != rounds_.end() && it->first == deliver_round_;
        it = rounds_.erase(it)) {
-    if (!it->second.elements.empty()) results_.push_back(std::move(it->second));
+    if (!it->second.elements.empty()) {
+      results_.push_back(std::move(it->second));
+      result_rounds_.push_back(it->first);
+    }
     ++deliver_round_;
   }
 }

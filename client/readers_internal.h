@@ -347,13 +347,21 @@ class FcfsReader final : public Reader {
 // dispatcher announces (block) is not passed until the new task starts.
 class RoundReader final : public Reader {
  public:
-  explicit RoundReader(ReaderOptions options) : options_(options) {}
+  // Its consumer starts at `first_round` (a resumed iteration's).
+  RoundReader(ReaderOptions options, int64_t first_round)
+      : options_(options),
+        next_round_(first_round),
+        deliver_round_(first_round),
+        return_round_(first_round) {}
   std::vector<PlannedRequest> Plan(std::map<int64_t, ClientTask>& tasks, absl::Time now) override;
   void OnReply(std::map<int64_t, ClientTask>& tasks, const PlannedRequest& sent,
                absl::StatusOr<ElementResult> r, absl::Time now) override;
   absl::Time NextWakeup(const std::map<int64_t, ClientTask>& tasks) const override;
 
   int64_t next_round() const { return next_round_; }
+  // The round whose element Next() returns next (what a checkpoint holds:
+  // rounds received but not returned are read again after a restore).
+  int64_t return_round() const { return return_round_; }
   // The dispatcher's joining round (-1: none): honoured only from at or
   // below it (else the dispatcher sees our round and picks a later one).
   void SetBlock(int64_t block) { honoured_block_ = block >= 0 && next_round_ <= block ? block : -1; }
@@ -369,13 +377,19 @@ class RoundReader final : public Reader {
   // The round's element (none: the round was skipped) and where it came from.
   void Resolve(int64_t round, std::optional<Element> e, SplitPosition pos = {});
   PlannedRequest Request(ClientTask& t, int64_t round);
+  void OnTaken(const SplitPosition&) override {
+    return_round_ = result_rounds_.front() + 1;
+    result_rounds_.pop_front();
+  }
 
   const ReaderOptions options_;
   // INVARIANT: deliver_round_ <= next_round_; no round >= honoured_block_
   // is started while honoured_block_ >= 0.
   int64_t next_round_ = 0;
   int64_t deliver_round_ = 0;
+  int64_t return_round_ = 0;
   std::map<int64_t, Piece> rounds_;  // resolved, not delivered (empty: skipped)
+  std::deque<int64_t> result_rounds_;  // the round of each piece in results_
   std::vector<Retry> retries_;  // rounds to ask again (not ready, or failed)
   int64_t honoured_block_ = -1;
 };

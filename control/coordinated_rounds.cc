@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace sluice::internal {
 
 bool CoordinatedRounds::Started(int64_t iteration) const {
@@ -11,7 +13,7 @@ bool CoordinatedRounds::Started(int64_t iteration) const {
 
 void CoordinatedRounds::ChooseTarget(int64_t iteration) {
   Rounds& r = rounds_[iteration];
-  int64_t furthest = 0;
+  int64_t furthest = r.first_round;
   for (const auto& [consumer, round] : r.consumer_rounds) furthest = std::max(furthest, round);
   r.target = furthest + kRoundLead;
   r.ready.clear();
@@ -53,6 +55,30 @@ void CoordinatedRounds::Follow(const proto::JournalUpdate& u,
   for (const auto& [id, consumer] : c.left_consumers) Left(id, consumer);
   for (int64_t id : c.joining) ChooseTarget(id);
   for (int64_t id : c.dropped) Forget(id);
+}
+
+absl::Status CoordinatedRounds::CheckResume(const proto::ServiceCheckpoint& resume,
+                                            int64_t num_consumers) {
+  if (resume.version() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the service checkpoint has version ", resume.version(), "; this dispatcher reads 1"));
+  }
+  if (resume.num_consumers() <= 0 || resume.positions() != 0 || resume.splits_size() > 0) {
+    return absl::InvalidArgumentError(
+        "the service checkpoint holds a distributed_epoch position, not a coordinated-reads "
+        "round: restore into the pipeline that saved it");
+  }
+  if (resume.num_consumers() != num_consumers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the service checkpoint was saved by a job of ", resume.num_consumers(),
+        " coordinated consumers; this job has ", num_consumers,
+        ": every consumer's round pairs with the others', so resume with the same count"));
+  }
+  if (resume.round() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the service checkpoint's round is ", resume.round()));
+  }
+  return absl::OkStatus();
 }
 
 void CoordinatedRounds::Left(int64_t iteration, int64_t consumer) {

@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 
+#include "absl/status/status.h"
 #include "control/journal.pb.h"
 #include "sluice/control/dispatcher_state.h"
 
@@ -29,8 +30,12 @@ class CoordinatedRounds {
   static constexpr int64_t kRoundLead = 16;
 
   // `iteration`'s first tasks exist: tasks created from now on join it
-  // pending (a replayed iteration has started).
-  void Start(int64_t iteration) { rounds_[iteration].started = true; }
+  // pending (a replayed iteration has started). Its consumers start at
+  // `first_round` (a resumed iteration's; no join targets below it).
+  void Start(int64_t iteration, int64_t first_round) {
+    rounds_[iteration].started = true;
+    rounds_[iteration].first_round = first_round;
+  }
   bool Started(int64_t iteration) const;
   // A pending task was created while none was: the target is kRoundLead
   // past the furthest round a consumer reported, and nobody confirmed it.
@@ -60,9 +65,15 @@ class CoordinatedRounds {
   // consumer's client removed, Forget for a dropped iteration.
   void Follow(const proto::JournalUpdate& u, const DispatcherState::Changes& c);
 
+  // A checkpoint a coordinated-reads iteration of a job with
+  // `num_consumers` consumers may resume from (InvalidArgument naming what
+  // does not fit otherwise).
+  static absl::Status CheckResume(const proto::ServiceCheckpoint& resume, int64_t num_consumers);
+
  private:
   struct Rounds {
     bool started = false;
+    int64_t first_round = 0;
     std::map<int64_t, int64_t> consumer_rounds;  // consumer_index -> current_round
     int64_t target = -1;
     std::set<int64_t> ready;  // consumers honouring block_round == target

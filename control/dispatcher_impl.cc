@@ -248,7 +248,7 @@ absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
   const absl::Time now = clock_();
   const int64_t version_jump = absl::ToUnixMicros(now);
   for (const auto& [id, it] : state_.iterations()) {
-    rounds_.Start(id);
+    rounds_.Start(id, it.first_round);
     versions_.Restart(id, version_jump);
   }
   liveness_.Restart(state_, now);
@@ -461,10 +461,12 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
       absl::MutexLock l(&mu_);
       SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
       const Job& job = state_.jobs().at(req.job_id());
-      if (req.has_resume() && job.mode != proto::DISTRIBUTED_EPOCH) {
+      if (req.has_resume() && job.num_consumers > 0) {
+        SLUICE_RETURN_IF_ERROR(CoordinatedRounds::CheckResume(req.resume(), job.num_consumers));
+      } else if (req.has_resume() && job.mode != proto::DISTRIBUTED_EPOCH) {
         return absl::InvalidArgumentError(
-            "GetOrCreateIteration: only a distributed_epoch iteration resumes from a "
-            "service checkpoint");
+            "GetOrCreateIteration: only a distributed_epoch or coordinated-reads iteration "
+            "resumes from a service checkpoint");
       }
       if (job.mode != proto::DISTRIBUTED_EPOCH || job.iteration_by_repetition.count(req.repetition())) {
         return GetOrCreateIterationLocked(req, nullptr, resp);
@@ -497,7 +499,14 @@ absl::Status DispatcherImpl::GetOrCreateIterationLocked(
     iteration_id = existing->second;
     const Iteration& it = state_.iterations().at(iteration_id);
     SLUICE_RETURN_IF_ERROR(CheckJoin(job, it, req, config_.job_gc_timeout_ms));
-    if (req.has_resume() && (it.splits == nullptr || !it.splits->ResumesFrom(req.resume()))) {
+    if (req.has_resume() && job.num_consumers > 0 && req.resume().round() != it.first_round) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job.name, "' already has iteration ", req.repetition(), ", started at round ",
+          it.first_round, "; this consumer's checkpoint is at round ", req.resume().round(),
+          ": every consumer must restore checkpoints of the same training step (merge them)"));
+    }
+    if (req.has_resume() && job.num_consumers == 0 &&
+        (it.splits == nullptr || !it.splits->ResumesFrom(req.resume()))) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job '", job.name, "' already has iteration ", req.repetition(),
           ", not created from this checkpoint: resume into a job that does not exist yet (a "
@@ -510,6 +519,8 @@ absl::Status DispatcherImpl::GetOrCreateIterationLocked(
     if (job.mode == proto::DISTRIBUTED_EPOCH) {
       if (splits == nullptr) return absl::InternalError("a distributed_epoch iteration unsplit");
       ci->Swap(splits);  // the file list is not copied under the lock
+    } else if (req.has_resume()) {
+      *ci->mutable_resume() = req.resume();  // coordinated reads: the round
     }
     iteration_id = NewIdLocked();
     ci->set_iteration_id(iteration_id);
@@ -525,11 +536,12 @@ absl::Status DispatcherImpl::GetOrCreateIterationLocked(
   c->set_host_id(req.host_id());
   SLUICE_RETURN_IF_ERROR(RecordLocked(rec));
   // Tasks created from now on join a running iteration.
-  if (created) rounds_.Start(iteration_id);
+  const Iteration& it = state_.iterations().at(iteration_id);
+  if (created) rounds_.Start(iteration_id, it.first_round);
   resp->set_iteration_id(iteration_id);
   resp->set_iteration_client_id(c->client_id());
-  const Iteration& it = state_.iterations().at(iteration_id);
   if (it.splits != nullptr) resp->set_split_positions(it.splits->positions());
+  resp->set_first_round(it.first_round);
   return absl::OkStatus();
 }
 

@@ -90,6 +90,7 @@ absl::Status DispatcherState::CreateIteration(const proto::CreateIterationUpdate
   it.job_id = u.job_id();
   it.repetition = u.repetition();
   it.finished = u.finished();
+  if (u.has_resume()) it.first_round = u.resume().round();
   if (u.has_splits()) {
     SLUICE_ASSIGN_OR_RETURN(it.splits, SplitProvider::Create(u));
   }
@@ -522,6 +523,7 @@ std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
     u->set_repetition(it.repetition);
     u->set_finished(it.finished);
     if (it.splits != nullptr) it.splits->DescribeTo(u);
+    if (it.first_round != 0) u->mutable_resume()->set_round(it.first_round);
     if (!it.error.ok()) {
       auto* e = add()->mutable_iteration_error();
       e->set_iteration_id(id);

@@ -71,6 +71,7 @@ class DispatcherState {
     // (CoordinatedRounds), in creation order.
     std::map<int64_t, int64_t> consumer_clients;
     std::vector<int64_t> pending_tasks;
+    int64_t first_round = 0;  // coordinated reads: the round it resumed at
   };
   struct Task {
     int64_t id = 0;

@@ -423,11 +423,14 @@ uint64_t DefFingerprint(const proto::DatasetDef& def) {
 namespace {
 
 // Clears, in every Distribute of `m` (at any depth), where the service
-// runs: its address and job name.
+// runs and who reads: its address, job name and consumer index (the
+// consumers of a job save checkpoints that merge, and any rank restores the
+// merged one).
 void ClearServiceDeployment(google::protobuf::Message* m) {
   if (auto* ds = dynamic_cast<proto::DatasetNode::DataService*>(m)) {
     ds->clear_service();
     ds->clear_job_name();
+    ds->clear_consumer_index();
   }
   const google::protobuf::Reflection* r = m->GetReflection();
   std::vector<const google::protobuf::FieldDescriptor*> fields;

@@ -379,7 +379,7 @@ TEST(FcfsReaderTest, EndedAndLostTasksAreNotAsked) {
 
 TEST(RoundReaderTest, RoundsGoToTasksInTurnAndAreDeliveredInOrder) {
   auto tasks = Tasks({1, 2});
-  RoundReader r(Opts(4));
+  RoundReader r(Opts(4), 0);
   const absl::Time now = absl::Now();
   auto sent = r.Plan(tasks, now);
   ASSERT_EQ(sent.size(), 4u);
@@ -403,9 +403,33 @@ TEST(RoundReaderTest, RoundsGoToTasksInTurnAndAreDeliveredInOrder) {
   EXPECT_EQ(r.counters().rounds_skipped, 1);
 }
 
+// A resumed consumer starts at its checkpoint's round; what it saves is
+// the round Next() returns next: rounds received but not returned are read
+// again after a restore, skipped rounds are passed.
+TEST(RoundReaderTest, AResumedReaderStartsAtItsRoundAndSavesTheNextToReturn) {
+  auto tasks = Tasks({1, 2});
+  RoundReader r(Opts(3), 41);
+  EXPECT_EQ(r.return_round(), 41);
+  const absl::Time now = absl::Now();
+  auto sent = r.Plan(tasks, now);
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_EQ(sent[0].round, 41);
+  EXPECT_EQ(sent[0].task_id, 2) << "round 41 of two tasks is the second's";
+  EXPECT_EQ(sent[1].task_id, 1);
+  r.OnReply(tasks, sent[0], Reply({141}, -1), now);
+  r.OnReply(tasks, sent[1], End(), now);  // round 42 skipped
+  r.OnReply(tasks, sent[2], Reply({143}, -1), now);
+  EXPECT_EQ(r.return_round(), 41) << "received, not returned";
+  ASSERT_TRUE(r.HasElement());
+  EXPECT_EQ(r.TakeElement()[0].at<int64_t>(0), 141);
+  EXPECT_EQ(r.return_round(), 42);
+  EXPECT_EQ(Take(r), std::vector<int64_t>{143});
+  EXPECT_EQ(r.return_round(), 44);
+}
+
 TEST(RoundReaderTest, AJoiningRoundIsNotPassedUntilItsTaskStarts) {
   auto tasks = Tasks({1});
-  RoundReader r(Opts(8));
+  RoundReader r(Opts(8), 0);
   r.SetBlock(3);
   auto sent = r.Plan(tasks, absl::Now());
   EXPECT_EQ(sent.size(), 3u) << "rounds 0, 1, 2 only";

@@ -13,7 +13,7 @@ constexpr int64_t kLead = CoordinatedRounds::kRoundLead;
 TEST(CoordinatedRoundsTest, PendingTasksJoinOnceEveryConsumerHonoursTheTarget) {
   CoordinatedRounds r;
   EXPECT_FALSE(r.Started(1));
-  r.Start(1);
+  r.Start(1, 0);
   EXPECT_TRUE(r.Started(1));
   EXPECT_EQ(r.Report(1, 0, 5, -1, /*pending=*/false, 2), Outcome::kNone);
   EXPECT_EQ(r.Report(1, 1, 7, -1, false, 2), Outcome::kNone);
@@ -25,6 +25,35 @@ TEST(CoordinatedRoundsTest, PendingTasksJoinOnceEveryConsumerHonoursTheTarget) {
   EXPECT_EQ(r.Report(1, 1, 8, 7 + kLead, true, 2), Outcome::kAllReady);
   r.Joined(1);
   EXPECT_EQ(r.Report(1, 1, 8, 7 + kLead, true, 2), Outcome::kNone);  // confirmations start over
+}
+
+// A resumed iteration's consumers start at its first round: a task that
+// joins before any of them reports targets past it, not past round 0.
+TEST(CoordinatedRoundsTest, AResumedIterationTargetsPastItsFirstRound) {
+  CoordinatedRounds r;
+  r.Start(1, 500);
+  r.ChooseTarget(1);
+  EXPECT_EQ(r.Target(1), 500 + kLead);
+}
+
+TEST(CoordinatedRoundsTest, ACheckpointResumesOnlyAJobOfAsManyConsumers) {
+  proto::ServiceCheckpoint c;
+  c.set_version(1);
+  c.set_num_consumers(2);
+  c.set_round(40);
+  EXPECT_OK(CoordinatedRounds::CheckResume(c, 2));
+  auto s = CoordinatedRounds::CheckResume(c, 3);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("2 coordinated consumers"), std::string::npos) << s;
+  proto::ServiceCheckpoint epoch = c;  // a distributed_epoch position
+  epoch.set_num_consumers(0);
+  epoch.set_positions(100);
+  EXPECT_TRUE(absl::IsInvalidArgument(CoordinatedRounds::CheckResume(epoch, 2)));
+  c.set_version(2);
+  EXPECT_TRUE(absl::IsInvalidArgument(CoordinatedRounds::CheckResume(c, 2)));
+  c.set_version(1);
+  c.set_round(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(CoordinatedRounds::CheckResume(c, 2)));
 }
 
 TEST(CoordinatedRoundsTest, AConsumerPastTheTargetMovesIt) {

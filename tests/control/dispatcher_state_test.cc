@@ -267,7 +267,10 @@ TEST_F(DispatcherStateTest, ASnapshotRestoresAnEqualState) {
   ASSERT_OK(Apply("register_worker { address: 'c:1' index: 2 host_id: 'h1' }"));
   ASSERT_OK(Apply("create_job { job_id: 20 dataset_id: 'ds' processing_mode: PARALLEL_EPOCHS "
                   "num_consumers: 2 job_name: 'coord' }"));
-  ASSERT_OK(Apply("create_iteration { iteration_id: 21 job_id: 20 }"));
+  // Resumed from a checkpoint at round 57.
+  ASSERT_OK(Apply("create_iteration { iteration_id: 21 job_id: 20 resume { version: 1 "
+                  "num_consumers: 2 round: 57 } }"));
+  EXPECT_EQ(state_.iterations().at(21).first_round, 57);
   ASSERT_OK(Apply("create_task { task_id: 22 iteration_id: 21 worker_address: 'a:1' }"));
   ASSERT_OK(Apply("create_task { task_id: 23 iteration_id: 21 worker_address: 'b:1' pending: true }"));
   ASSERT_OK(Apply("create_task { task_id: 24 iteration_id: 21 worker_address: 'c:1' pending: true }"));
@@ -300,6 +303,7 @@ TEST_F(DispatcherStateTest, ASnapshotRestoresAnEqualState) {
   ASSERT_OK(Apply("finish_task { task_id: 31 }"));
   ASSERT_OK(Apply("finish_task { task_id: 32 }"));
   ExpectRestoresEqual();
+  EXPECT_EQ(Restored().iterations().at(21).first_round, 57);
   ASSERT_OK(Apply("create_task { task_id: 39 iteration_id: 3 worker_address: 'a:1' }"));
   ASSERT_OK(Apply("tasks_delivered { worker_address: 'a:1' task_ids: 39 }"));
   ASSERT_OK(Apply("finish_task { task_id: 39 }"));

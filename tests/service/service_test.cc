@@ -1490,20 +1490,34 @@ DispatcherConfig ShardPerWorker(int workers) {
   return dc;
 }
 
-// Each of `consumers` threads reads `rounds` elements as consumer i of job
-// "sync<consumers>"; returns what each read, in order.
+// How consumers of ReadCoordinated read: the job (default
+// "sync<consumers>"), the checkpoint each consumer resumes from (none when
+// empty), and where each saves its iterator after its rounds (when set).
+struct CoordinatedRead {
+  std::string job;
+  std::vector<std::string> resume;
+  std::vector<std::string>* saved = nullptr;
+};
+
+// Each of `consumers` threads reads `rounds` elements as consumer i of the
+// job; returns what each read, in order.
 std::vector<std::vector<int64_t>> ReadCoordinated(const DistributeOptions& base, int consumers,
                                                   int rounds, int64_t values,
-                                                  const std::function<void(int)>& after_round = {}) {
+                                                  const std::function<void(int)>& after_round = {},
+                                                  const CoordinatedRead& how = {}) {
   std::vector<std::vector<int64_t>> got(consumers);
+  if (how.saved != nullptr) how.saved->assign(consumers, "");
   std::vector<std::thread> threads;
   for (int c = 0; c < consumers; ++c) {
     threads.emplace_back([&, c] {
       DistributeOptions o = base;
-      o.job_name = "sync" + std::to_string(consumers);
+      o.job_name = how.job.empty() ? "sync" + std::to_string(consumers) : how.job;
       o.num_consumers = consumers;
       o.consumer_index = c;
-      auto it = Dataset::Range(values).Repeat().Apply(Distribute(o)).MakeIterator();
+      const Dataset ds = Dataset::Range(values).Repeat().Apply(Distribute(o));
+      auto it = static_cast<size_t>(c) < how.resume.size() && !how.resume[c].empty()
+                    ? ds.MakeIterator(how.resume[c])
+                    : ds.MakeIterator();
       ASSERT_OK(it);
       for (int r = 0; r < rounds; ++r) {
         auto e = (*it)->Next();
@@ -1511,6 +1525,11 @@ std::vector<std::vector<int64_t>> ReadCoordinated(const DistributeOptions& base,
         ASSERT_TRUE(e->has_value());
         got[c].push_back((**e)[0].at<int64_t>(0));
         if (c == 0 && after_round) after_round(r);
+      }
+      if (how.saved != nullptr) {
+        auto saved = (*it)->Save();
+        ASSERT_OK(saved);
+        (*how.saved)[c] = *saved;
       }
     });
   }
@@ -1589,6 +1608,47 @@ TEST_P(ServiceTest, CoordinatedReadsGoOnWhenAWorkerIsLost) {
     EXPECT_NE(consumer.back() % 3, 2);
     EXPECT_NE(consumer[consumer.size() - 2] % 3, 2);
   }
+}
+
+// A coordinated job's checkpoint is its round: consumers that saved at the
+// same step resume together at that round (its worker is the one an
+// uninterrupted job would have read it from) and save again; checkpoints
+// of different rounds do not merge, and a consumer cannot join a job resumed at another round.
+TEST_P(ServiceTest, CoordinatedReadsResumeEveryConsumerAtTheSavedRound) {
+  StartService(3, ShardPerWorker(3));
+  DistributeOptions o = Options();
+  o.processing_mode = "data";
+  std::vector<std::string> saved;
+  auto first = ReadCoordinated(o, 2, 10, 3000, {}, {"first", {}, &saved});
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<int64_t> workers = CheckRounds(first, 3);
+  ASSERT_OK_AND_ASSIGN(std::string merged, MergeCheckpoints(saved));
+  // Consumer 0 restores the merged checkpoint, consumer 1 its own one.
+  auto resumed = ReadCoordinated(o, 2, 9, 3000, {}, {"second", {merged, saved[1]}, &saved});
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<int64_t> resumed_workers = CheckRounds(resumed, 3);
+  for (size_t r = 0; r < resumed_workers.size(); ++r) {
+    EXPECT_EQ(resumed_workers[r], workers[(10 + r) % 3]) << "resumed round " << 10 + r;
+  }
+  // Consumers saved at different steps (the resumed ones saved at 19).
+  std::vector<std::string> uneven;
+  ReadCoordinated(o, 2, 4, 3000, {}, {"third", {}, &uneven});
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_STATUS(MergeCheckpoints({uneven[0], saved[1]}).status(),
+                absl::StatusCode::kInvalidArgument, "rounds 4 and 19");
+  o.job_name = "fourth";
+  o.num_consumers = 2;
+  o.consumer_index = 0;
+  const Dataset ds = Dataset::Range(3000).Repeat().Apply(Distribute(o));
+  ASSERT_OK_AND_ASSIGN(auto at4, ds.MakeIterator(uneven[0]));
+  o.consumer_index = 1;
+  EXPECT_STATUS(Dataset::Range(3000).Repeat().Apply(Distribute(o)).MakeIterator(saved[1]).status(),
+                absl::StatusCode::kFailedPrecondition, "round 19");
+  // A job of another consumer count is another pipeline.
+  o.job_name = "fifth";
+  o.num_consumers = 3;
+  EXPECT_STATUS(Dataset::Range(3000).Repeat().Apply(Distribute(o)).MakeIterator(saved[1]).status(),
+                absl::StatusCode::kInvalidArgument, "another pipeline");
 }
 
 TEST_P(ServiceTest, CoordinatedReadsNeedAJobNameAndAnInfiniteDataset) {
