@@ -233,9 +233,24 @@ class DataServiceIterator final : public Iterator {
     it->client_id_ = iter.iteration_client_id();
     it->split_positions_ = iter.split_positions();
     it->first_round_ = iter.first_round();
-    if (mode == proto::DISTRIBUTED_EPOCH && node.has_dataset()) {
-      auto source = internal::FindSplitSource(node.dataset().root());
-      if (source.ok() && source->unresumable_op != nullptr) {
+    if (mode == proto::DISTRIBUTED_EPOCH) {
+      // Whether the pipeline on the workers can resume (a FromDatasetId
+      // consumer asks the dispatcher for it).
+      proto::GetDatasetDefResponse registered;
+      absl::Status known = absl::OkStatus();
+      if (!node.has_dataset()) {
+        proto::GetDatasetDefRequest req;
+        req.set_dataset_id(dataset_id);
+        known = Call(it->stub_.get(), &proto::DispatcherService::Stub::GetDatasetDef, req,
+                     &registered, address, timeout);
+      }
+      auto source = internal::FindSplitSource(
+          node.has_dataset() ? node.dataset().root() : registered.dataset().root());
+      if (!known.ok()) {
+        it->checkpoint_refusal_ = absl::StrCat(
+            "Distribute cannot save its position: the dataset's definition could not be read "
+            "to check that it resumes: ", known.message());
+      } else if (source.ok() && source->unresumable_op != nullptr) {
         it->checkpoint_refusal_ = absl::StrCat(
             "Distribute cannot save its position: ", source->unresumable_op,
             " before it keeps the elements of a split from being produced again as they were "

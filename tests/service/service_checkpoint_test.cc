@@ -261,6 +261,16 @@ TEST_P(CheckpointTest, UnsavablePositionsAndBadCheckpointsAreClearErrors) {
     EXPECT_TRUE(absl::IsUnimplemented(s.status())) << name << ": " << s.status();
     EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr(name));
   }
+  // The same for a consumer of a registered dataset (from_dataset_id),
+  // which learns the pipeline from the dispatcher.
+  {
+    ASSERT_OK_AND_ASSIGN(std::string id, RegisterDataset(Dataset::Range(10).Take(5), opt));
+    ASSERT_OK_AND_ASSIGN(
+        auto it, FromDatasetId("distributed_epoch", opt.service, id, opt).MakeIterator());
+    auto s = it->Save();
+    EXPECT_TRUE(absl::IsUnimplemented(s.status())) << s.status();
+    EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr("Take"));
+  }
   ASSERT_OK_AND_ASSIGN(auto it, Pipeline().MakeIterator());
   std::vector<int64_t> v;
   ASSERT_OK(Read(*it, 5, &v));
