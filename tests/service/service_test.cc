@@ -1670,6 +1670,22 @@ TEST_P(ServiceTest, CoordinatedReadsNeedAJobNameAndAnInfiniteDataset) {
                 absl::StatusCode::kInvalidArgument, "both consumer_index and num_consumers");
 }
 
+// In-process workers of the dispatcher at `dispatcher_address`, one per
+// entry of `protocols`, each serving elements over that protocol.
+absl::StatusOr<std::vector<std::unique_ptr<WorkerServer>>> StartWorkersServing(
+    const std::string& dispatcher_address, const std::vector<std::string>& protocols) {
+  std::vector<std::unique_ptr<WorkerServer>> workers;
+  for (const std::string& protocol : protocols) {
+    WorkerConfig wc;
+    wc.dispatcher_address = dispatcher_address;
+    wc.heartbeat_interval_ms = 200;
+    wc.data_transfer_protocol = protocol;
+    SLUICE_ASSIGN_OR_RETURN(auto w, WorkerServer::Start(wc));
+    workers.push_back(std::move(w));
+  }
+  return workers;
+}
+
 // A transfer protocol registered by another module plugs into the worker
 // and the client by its name alone: here gRPC on a port of its own
 // ("grpc-own-port"). A client of that protocol reads its workers through
@@ -1693,15 +1709,8 @@ TEST(TransferProtocolTest, ARegisteredProtocolServesWithoutChangesToTheWorkerOrT
   ASSERT_TRUE(registered.ok() || absl::IsAlreadyExists(registered)) << registered;
 
   ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
-  std::vector<std::unique_ptr<WorkerServer>> workers;
-  for (const std::string protocol : {"grpc-own-port", "ucx"}) {
-    WorkerConfig wc;
-    wc.dispatcher_address = dispatcher->address();
-    wc.heartbeat_interval_ms = 200;
-    wc.data_transfer_protocol = protocol;
-    ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
-    workers.push_back(std::move(w));
-  }
+  ASSERT_OK_AND_ASSIGN(auto workers,
+                       StartWorkersServing(dispatcher->address(), {"grpc-own-port", "ucx"}));
   EXPECT_NE(workers[0]->transfer_address(), workers[0]->address()) << "not on its own port";
   for (const std::string protocol : {"grpc-own-port", "ucx"}) {
     SCOPED_TRACE(protocol);
@@ -1778,15 +1787,8 @@ std::string LossyProtocol(const std::string& base) {
 // element exactly once per worker (parallel_epochs) or once, without a hang.
 void ExpectRangeExactlyOnceOver(const std::string& protocol) {
   ASSERT_OK_AND_ASSIGN(auto dispatcher, DispatchServer::Start({}));
-  std::vector<std::unique_ptr<WorkerServer>> workers;
-  for (int i = 0; i < 2; ++i) {
-    WorkerConfig wc;
-    wc.dispatcher_address = dispatcher->address();
-    wc.heartbeat_interval_ms = 200;
-    wc.data_transfer_protocol = protocol;
-    ASSERT_OK_AND_ASSIGN(auto w, WorkerServer::Start(wc));
-    workers.push_back(std::move(w));
-  }
+  ASSERT_OK_AND_ASSIGN(auto workers,
+                       StartWorkersServing(dispatcher->address(), {protocol, protocol}));
   constexpr int64_t kElements = 300;
   for (const std::string mode : {"parallel_epochs", "distributed_epoch"}) {
     SCOPED_TRACE(mode);
