@@ -54,6 +54,9 @@ namespace sluice {
 namespace {
 
 constexpr absl::Duration kHeartbeatWait = absl::Milliseconds(1000);
+// Save() asks the dispatcher for its completed-split watermark (a heartbeat
+// that does not wait) for at most this long, then saves with the one it has.
+constexpr absl::Duration kSaveWatermarkWait = absl::Milliseconds(250);
 constexpr absl::Duration kElementWait = absl::Milliseconds(500);
 
 struct Counters {
@@ -331,6 +334,16 @@ class DataServiceIterator final : public Iterator {
       return absl::OkStatus();
     }
     if (!checkpoint_refusal_.empty()) return absl::UnimplementedError(checkpoint_refusal_);
+    // A split is saved as done only below the watermark the consumer last
+    // heard; the last long poll may be a second old, and every split that
+    // completed since would be read again at the restore. Ask now.
+    const int64_t want = heartbeats_sent_ + 1;
+    fresh_watermark_wanted_ = true;
+    NudgeHeartbeatLocked();
+    auto heard = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return heartbeats_answered_ >= want || stop_ || DoneLocked() || !ErrorLocked().ok();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&heard), kSaveWatermarkWait);
     const internal::SplitProgressTracker* progress = reader_->progress();
     if (progress == nullptr || progress->untracked()) {
       return absl::UnimplementedError(
@@ -517,7 +530,7 @@ class DataServiceIterator final : public Iterator {
 
   // Next() waits for the end: cut the heartbeat's long poll short so that
   // the end is confirmed at once.
-  void NudgeHeartbeatLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void NudgeHeartbeatLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (nudged_) return;
     nudged_ = true;
     if (heartbeat_ctx_ != nullptr) heartbeat_ctx_->TryCancel();
@@ -603,12 +616,18 @@ class DataServiceIterator final : public Iterator {
     req.set_iteration_client_id(client_id_);
     grpc::ClientContext ctx;
     bool at_end;
+    int64_t seq;
     {
       absl::MutexLock l(&mu_);
       if (stop_) return absl::CancelledError("stopping");
       // Read to the end (the user took every element): ask to end.
       at_end = ReadAllLocked() && !reader_->HasElement();
       if (at_end) wait = absl::ZeroDuration();
+      if (fresh_watermark_wanted_) {  // Save() waits for this answer
+        wait = absl::ZeroDuration();
+        fresh_watermark_wanted_ = false;
+      }
+      seq = ++heartbeats_sent_;
       internal::SetTimeout(&ctx, wait + absl::Seconds(5));
       req.set_at_end(at_end);
       req.set_known_version(version_);
@@ -662,6 +681,7 @@ class DataServiceIterator final : public Iterator {
         }
       }
       reader_->SetSplitWatermark(tasks_, resp.completed_split_watermark());
+      heartbeats_answered_ = seq;
       if (resp.has_error() && resp.error().code() != 0 && error_.ok()) {
         error_ = internal::FromProto(resp.error());
       }
@@ -735,7 +755,12 @@ class DataServiceIterator final : public Iterator {
   int64_t version_ ABSL_GUARDED_BY(mu_) = -1;
   bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
   bool confirmed_end_ ABSL_GUARDED_BY(mu_) = false;  // see DoneLocked()
-  bool nudged_ ABSL_GUARDED_BY(mu_) = false;         // see NudgeHeartbeatLocked()
+  mutable bool nudged_ ABSL_GUARDED_BY(mu_) = false;  // see NudgeHeartbeatLocked()
+  // Heartbeats sent, the last one answered, and whether Save() wants the
+  // next one at once (SaveState).
+  int64_t heartbeats_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t heartbeats_answered_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable bool fresh_watermark_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool warned_protocol_ ABSL_GUARDED_BY(mu_) = false;  // see Connect()
   bool warned_stall_ ABSL_GUARDED_BY(mu_) = false;  // see WarnIfStalledLocked()
   // The key of the element Next() last returned (only the caller's thread).
