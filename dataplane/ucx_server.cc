@@ -165,16 +165,28 @@ void OnStoppedEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
     ucx::CloseEndpointForce(ep);
   }
 }
-void AcceptForStoppedServer(ListenerSlot* slot, ucp_conn_request_h req) {
+// Accepts a connection request: an endpoint with peer error handling whose
+// errors go to `on_error(arg, ...)`; null when UCX could not make it.
+ucp_ep_h Accept(ucp_worker_h worker, ucp_conn_request_h req, ucp_err_handler_cb_t on_error,
+                void* arg) {
   ucp_ep_params_t p{};
   p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
   p.conn_request = req;
   p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p.err_handler.cb = &OnStoppedEpError;
-  p.err_handler.arg = slot;
+  p.err_handler.cb = on_error;
+  p.err_handler.arg = arg;
   ucp_ep_h ep = nullptr;
-  if (ucp_ep_create(slot->worker, &p, &ep) != UCS_OK) return;  // UCX refused it itself
+  ucs_status_t s = ucp_ep_create(worker, &p, &ep);
+  if (s != UCS_OK) {
+    spdlog::warn("worker ucx: cannot accept a connection: {}", ucs_status_string(s));
+    return nullptr;
+  }
+  return ep;
+}
+void AcceptForStoppedServer(ListenerSlot* slot, ucp_conn_request_h req) {
+  ucp_ep_h ep = Accept(slot->worker, req, &OnStoppedEpError, slot);
+  if (ep == nullptr) return;
   slot->eps.insert(ep);
   Registry().stopped_owner[ep] = slot;
 }
@@ -233,19 +245,8 @@ struct UcxElementServer::Impl {
       return;
     }
     Impl* self = slot->owner;
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.conn_request = req;
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = &Impl::OnEpError;
-    p.err_handler.arg = self;
-    ucp_ep_h ep = nullptr;
-    ucs_status_t s = ucp_ep_create(self->worker->handle(), &p, &ep);
-    if (s != UCS_OK) {
-      spdlog::warn("worker ucx: cannot accept a connection: {}", ucs_status_string(s));
-      return;
-    }
+    ucp_ep_h ep = Accept(self->worker->handle(), req, &Impl::OnEpError, self);
+    if (ep == nullptr) return;
     self->eps.insert(ep);
     Registry().owner[ep] = self;
   }
