@@ -61,6 +61,32 @@ auto WithHangGuard(F fn, std::chrono::seconds limit = std::chrono::seconds(60)) 
 
 // A uint8 tensor of `bytes` bytes whose content depends on every byte's
 // position and on `seed` (corruption or a misplaced chunk shows).
+// How much slower than a plain build the sanitizer builds run (ThreadSanitizer
+// 5-15x, ASan 2x): liveness timeouts that declare a component lost (a
+// worker's heartbeat deadline) are multiplied by it, so that a loaded
+// sanitizer run does not lose a live worker. Hang guards need no scaling.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SLUICE_TEST_TSAN_ 1
+#endif
+#if __has_feature(address_sanitizer)
+#define SLUICE_TEST_ASAN_ 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define SLUICE_TEST_TSAN_ 1
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define SLUICE_TEST_ASAN_ 1
+#endif
+#if defined(SLUICE_TEST_TSAN_)
+inline constexpr int64_t kSanitizerSlowdown = 4;
+#elif defined(SLUICE_TEST_ASAN_)
+inline constexpr int64_t kSanitizerSlowdown = 2;
+#else
+inline constexpr int64_t kSanitizerSlowdown = 1;
+#endif
+
 inline sluice::Tensor Pattern(size_t bytes, uint8_t seed) {
   std::vector<uint8_t> v(bytes);
   for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed) ^ (i >> 9));

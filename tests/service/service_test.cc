@@ -116,6 +116,11 @@ SLUICE_REGISTER_UDF(test_slow_on_cpu1, SlowOnCpuOne, {.num_inputs = 1});
 class ServiceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void StartDispatcher(DispatcherConfig dc = {}) {
+    // A timeout lowered to lose workers fast must not lose live ones in a
+    // loaded sanitizer run.
+    if (dc.worker_timeout_ms < DispatcherConfig{}.worker_timeout_ms) {
+      dc.worker_timeout_ms *= sluice_test::kSanitizerSlowdown;
+    }
     auto d = DispatchServer::Start(dc);
     ASSERT_OK(d);
     dispatcher_ = *std::move(d);
