@@ -334,6 +334,13 @@ class DataServiceIterator final : public Iterator {
       return absl::OkStatus();
     }
     if (!checkpoint_refusal_.empty()) return absl::UnimplementedError(checkpoint_refusal_);
+    const internal::SplitProgressTracker* progress = reader_->progress();
+    if (progress == nullptr || progress->untracked()) {
+      return absl::UnimplementedError(
+          "Distribute cannot save its position: the pipeline before it does not tie elements "
+          "to splits of its source (an op such as Batch, Shuffle or Interleave runs before "
+          "Distribute); move it after Distribute (docs/checkpointing.md)");
+    }
     // A split is saved as done only below the watermark the consumer last
     // heard; the last long poll may be a second old, and every split that
     // completed since would be read again at the restore. Ask now.
@@ -344,13 +351,6 @@ class DataServiceIterator final : public Iterator {
       return heartbeats_answered_ >= want || stop_ || DoneLocked() || !ErrorLocked().ok();
     };
     mu_.AwaitWithTimeout(absl::Condition(&heard), kSaveWatermarkWait);
-    const internal::SplitProgressTracker* progress = reader_->progress();
-    if (progress == nullptr || progress->untracked()) {
-      return absl::UnimplementedError(
-          "Distribute cannot save its position: the pipeline before it does not tie elements "
-          "to splits of its source (an op such as Batch, Shuffle or Interleave runs before "
-          "Distribute); move it after Distribute (docs/checkpointing.md)");
-    }
     state->set_blob(progress->Save(split_positions_).SerializeAsString());
     return absl::OkStatus();
   }
