@@ -352,23 +352,43 @@ absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback
   return s == UCS_OK ? absl::OkStatus() : UcsError(s, "ucp_worker_set_am_recv_handler");
 }
 
+namespace {
+// Endpoint parameters with peer error handling: `on_error(arg, ...)` when
+// the peer dies or the connection fails. Both sides' endpoints use it.
+ucp_ep_params_t PeerErrorHandlingParams(ucp_err_handler_cb_t on_error, void* arg) {
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = on_error;
+  p.err_handler.arg = arg;
+  return p;
+}
+}  // namespace
+
 absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string& host_port,
                                          ucp_err_handler_cb_t on_error, void* arg) {
   sockaddr_storage ss;
   socklen_t len;
   SLUICE_RETURN_IF_ERROR(ParseSockaddr(host_port, &ss, &len));
-  ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ucp_ep_params_t p = PeerErrorHandlingParams(on_error, arg);
+  p.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
   p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
   p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
   p.sockaddr.addrlen = len;
-  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p.err_handler.cb = on_error;
-  p.err_handler.arg = arg;
   ucp_ep_h ep = nullptr;
   ucs_status_t s = ucp_ep_create(worker, &p, &ep);
   if (s != UCS_OK) return UcsPeerError(s, absl::StrCat("ucx connect to ", host_port));
+  return ep;
+}
+
+absl::StatusOr<ucp_ep_h> AcceptEndpoint(ucp_worker_h worker, ucp_conn_request_h request,
+                                        ucp_err_handler_cb_t on_error, void* arg) {
+  ucp_ep_params_t p = PeerErrorHandlingParams(on_error, arg);
+  p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
+  p.conn_request = request;
+  ucp_ep_h ep = nullptr;
+  ucs_status_t s = ucp_ep_create(worker, &p, &ep);
+  if (s != UCS_OK) return UcsPeerError(s, "ucx accept");
   return ep;
 }
 

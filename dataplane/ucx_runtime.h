@@ -134,6 +134,10 @@ absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback
 // with peer error handling (`on_error(arg, ep, status)` when the peer dies).
 absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string& host_port,
                                          ucp_err_handler_cb_t on_error, void* arg);
+// Progress thread only: a server endpoint for a listener's connection
+// request, with peer error handling as ConnectEndpoint's.
+absl::StatusOr<ucp_ep_h> AcceptEndpoint(ucp_worker_h worker, ucp_conn_request_h request,
+                                        ucp_err_handler_cb_t on_error, void* arg);
 // Progress thread only: closes `ep` at once (peer error handling mode).
 void CloseEndpointForce(ucp_ep_h ep);
 // The UCX settings sluice applies unless the user set them (name without

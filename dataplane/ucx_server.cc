@@ -165,24 +165,16 @@ void OnStoppedEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
     ucx::CloseEndpointForce(ep);
   }
 }
-// Accepts a connection request: an endpoint with peer error handling whose
-// errors go to `on_error(arg, ...)`; null when UCX could not make it.
+// Accepts a connection request (ucx::AcceptEndpoint); null, logged, when
+// UCX could not make the endpoint.
 ucp_ep_h Accept(ucp_worker_h worker, ucp_conn_request_h req, ucp_err_handler_cb_t on_error,
                 void* arg) {
-  ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p.conn_request = req;
-  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p.err_handler.cb = on_error;
-  p.err_handler.arg = arg;
-  ucp_ep_h ep = nullptr;
-  ucs_status_t s = ucp_ep_create(worker, &p, &ep);
-  if (s != UCS_OK) {
-    spdlog::warn("worker ucx: cannot accept a connection: {}", ucs_status_string(s));
+  absl::StatusOr<ucp_ep_h> ep = ucx::AcceptEndpoint(worker, req, on_error, arg);
+  if (!ep.ok()) {
+    spdlog::warn("worker ucx: cannot accept a connection: {}", ep.status().ToString());
     return nullptr;
   }
-  return ep;
+  return *ep;
 }
 void AcceptForStoppedServer(ListenerSlot* slot, ucp_conn_request_h req) {
   ucp_ep_h ep = Accept(slot->worker, req, &OnStoppedEpError, slot);
