@@ -101,25 +101,29 @@ namespace {
 
 // Collects the splittable sources under `n` (outside Interleave functions)
 // and whether the path to each keeps elements tied to their source element.
-absl::Status CollectSources(const proto::DatasetNode& n, bool tracked, const char* unresumable,
-                            std::vector<SplitSourceInfo>* out) {
+absl::Status CollectSources(const proto::DatasetNode& n, bool tracked, bool reads_ahead,
+                            const char* unresumable, std::vector<SplitSourceInfo>* out) {
   const OpDef* op = FindOp(n.op_case());
   if (op != nullptr && op->split_source != nullptr) {
-    out->push_back({&n, tracked, unresumable});
+    out->push_back({&n, tracked, tracked && reads_ahead, unresumable});
     return absl::OkStatus();
   }
-  const SplitPassing passing = op == nullptr ? SplitPassing::kNone
-                               : op->split_passing_of != nullptr ? op->split_passing_of(n)
-                                                                 : op->split_passing;
+  SplitPassing passing = op == nullptr ? SplitPassing::kNone
+                         : op->split_passing_of != nullptr ? op->split_passing_of(n)
+                                                           : op->split_passing;
   if (passing == SplitPassing::kNone) {
     return absl::InvalidArgumentError(
         "distributed_epoch: the pipeline has a node that cannot be split (a Placeholder outside "
         "Interleave, a nested Distribute or an empty node)");
   }
-  const bool keeps = passing == SplitPassing::kTracked;
+  // The split source follows one read-ahead op (SplitSource::ReadAhead).
+  if (passing == SplitPassing::kReadsAhead && reads_ahead) passing = SplitPassing::kUntracked;
+  const bool keeps = passing == SplitPassing::kTracked || passing == SplitPassing::kReadsAhead;
   if (unresumable == nullptr && (!keeps || op->counts_across_splits)) unresumable = op->name;
   for (const proto::DatasetNode* in : InputsOf(n)) {
-    SLUICE_RETURN_IF_ERROR(CollectSources(*in, tracked && keeps, unresumable, out));
+    SLUICE_RETURN_IF_ERROR(CollectSources(*in, tracked && keeps,
+                                          reads_ahead || passing == SplitPassing::kReadsAhead,
+                                          unresumable, out));
   }
   return absl::OkStatus();
 }
@@ -128,7 +132,7 @@ absl::Status CollectSources(const proto::DatasetNode& n, bool tracked, const cha
 
 absl::StatusOr<SplitSourceInfo> FindSplitSource(const proto::DatasetNode& root) {
   std::vector<SplitSourceInfo> sources;
-  SLUICE_RETURN_IF_ERROR(CollectSources(root, true, nullptr, &sources));
+  SLUICE_RETURN_IF_ERROR(CollectSources(root, true, false, nullptr, &sources));
   if (sources.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "distributed_epoch needs a pipeline with exactly one Range, FromTensors or ListFiles "

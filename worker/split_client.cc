@@ -81,6 +81,9 @@ void SplitClient::FinishReadingLocked() {
 void SplitClient::MaybeCompleteLocked(int64_t split_id, bool timed_out) {
   if (!read_.count(split_id)) return;
   auto e = elements_.find(split_id);
+  // Elements read ahead are still inside the pipeline: more of the split's
+  // output may come.
+  if (e != elements_.end() && (e->second.read_ahead > 0 || unsettled_ == split_id)) return;
   if (e != elements_.end() && e->second.acked < e->second.tagged) {
     if (!timed_out) return;
     spdlog::warn("worker {}: task {}: {} element(s) of split {} were sent but not acknowledged "
@@ -112,12 +115,14 @@ absl::StatusOr<std::optional<Split>> SplitClient::Next(int64_t epoch) {
   Split s = std::move(queue_.front());
   queue_.pop_front();
   current_ = s.id;
-  current_range_ = SplitPosition{};
-  current_range_.epoch = s.epoch;
-  current_range_.begin = s.begin;
-  current_range_.end = s.end;
-  current_skip_ = s.skip;
-  next_index_ = 0;
+  if (tracked_) {
+    SplitElements& e = elements_[s.id];
+    e.range.epoch = s.epoch;
+    e.range.begin = s.begin;
+    e.range.end = s.end;
+    e.range.split_id = s.id;
+    e.skip = s.skip;
+  }
   return std::optional<Split>(std::move(s));
 }
 
@@ -130,19 +135,49 @@ bool SplitClient::EpochHadSplits(int64_t epoch) {
 SplitClient::Tagged SplitClient::Tag() {
   absl::MutexLock l(&mu_);
   Tagged t;
-  if (!tracked_ || !current_) return t;
-  t.position = current_range_;
-  t.position.split_id = *current_;
-  t.position.index = next_index_++;
-  SplitElements& e = elements_[*current_];
-  ++e.tagged;
-  if (current_skip_.Contains(t.position.index)) {
+  const std::optional<int64_t> split = reads_ahead_ ? emitting_ : current_;
+  if (!tracked_ || !split) return t;
+  auto it = elements_.find(*split);
+  if (it == elements_.end()) return t;
+  SplitElements& e = it->second;
+  t.position = e.range;
+  t.position.index = e.tagged++;
+  if (e.skip.Contains(t.position.index)) {
     // Delivered before the checkpoint this split resumes from.
     t.skip = true;
     ++e.sent;
     ++e.acked;
   }
   return t;
+}
+
+int64_t SplitClient::ReadAhead() {
+  absl::MutexLock l(&mu_);
+  if (!tracked_ || !current_) return -1;
+  auto it = elements_.find(*current_);
+  if (it == elements_.end()) return -1;
+  reads_ahead_ = true;
+  ++it->second.read_ahead;
+  return *current_;
+}
+
+void SplitClient::Emitting(int64_t split) {
+  absl::MutexLock l(&mu_);
+  if (!tracked_) return;
+  emitting_.reset();
+  if (split < 0) return;
+  emitting_ = split;
+  unsettled_ = split;
+  auto it = elements_.find(split);
+  if (it != elements_.end() && it->second.read_ahead > 0) --it->second.read_ahead;
+}
+
+void SplitClient::Settled() {
+  absl::MutexLock l(&mu_);
+  if (!unsettled_) return;
+  const int64_t split = *unsettled_;
+  unsettled_.reset();
+  MaybeCompleteLocked(split);
 }
 
 void SplitClient::Sent(int64_t split_id) {

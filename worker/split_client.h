@@ -19,6 +19,16 @@
 // worker, and the epoch must still end. Untracked pipelines (Batch,
 // Shuffle, ...) cannot tie elements to splits; their splits complete when
 // read to the end.
+//
+// Read ahead: a tracked pipeline through a Prefetch (SplitPassing::
+// kReadsAhead) produces elements of splits its source has already left.
+// The Prefetch says which split each element it returns came from
+// (ReadAhead, Emitting), and a split read to the end completes only once
+// none of its elements is still inside the pipeline: none held by the
+// Prefetch, and the Prefetch asked for its next element after returning
+// the split's last (Settled). Its producer thread, not the one that calls
+// Tag(), then calls the SplitSource methods; it waits for a split at the
+// epoch's end while the consumer drains what it holds.
 #pragma once
 
 #include <deque>
@@ -65,6 +75,10 @@ class SplitClient final : public SplitSource {
     bool skip = false;
   };
   Tagged Tag() ABSL_LOCKS_EXCLUDED(mu_);
+  // SplitSource's read-ahead calls (see the top of this file).
+  int64_t ReadAhead() override ABSL_LOCKS_EXCLUDED(mu_);
+  void Emitting(int64_t split) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Settled() override ABSL_LOCKS_EXCLUDED(mu_);
   // An element tagged with `split_id` was handed to the data plane.
   void Sent(int64_t split_id) ABSL_LOCKS_EXCLUDED(mu_);
   // A client received `count` elements tagged with `split_id`.
@@ -101,14 +115,21 @@ class SplitClient final : public SplitSource {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;        // epoch_ has no more splits
   std::map<int64_t, bool> had_splits_ ABSL_GUARDED_BY(mu_);
   std::optional<int64_t> current_ ABSL_GUARDED_BY(mu_);  // the split being read
-  SplitPosition current_range_ ABSL_GUARDED_BY(mu_);      // its epoch, begin, end
-  IndexSet current_skip_ ABSL_GUARDED_BY(mu_);
-  int64_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
-  // Tracked elements of an open split.
+  // A tracked split being read, or read and not yet completed.
   struct SplitElements {
+    SplitPosition range;  // epoch, begin, end
+    IndexSet skip;        // indices delivered before the checkpoint it resumes from
     int64_t tagged = 0, sent = 0, acked = 0;
+    int64_t read_ahead = 0;  // held by a read-ahead op, not yet returned by it
     absl::Time last_sent = absl::InfinitePast();
   };
+  // Read ahead (see the top): set by the first ReadAhead of a tracked
+  // pipeline; then Tag() tags with emitting_, not current_.
+  bool reads_ahead_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<int64_t> emitting_ ABSL_GUARDED_BY(mu_);
+  // Returned by the read-ahead op and maybe not yet out of the pipeline
+  // (until Settled).
+  std::optional<int64_t> unsettled_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, SplitElements> elements_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> read_ ABSL_GUARDED_BY(mu_);  // read to the end, elements unacknowledged
   std::vector<int64_t> completed_ ABSL_GUARDED_BY(mu_);  // to report

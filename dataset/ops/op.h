@@ -51,6 +51,10 @@ enum class SplitPassing : uint8_t {
   kTracked,    // output elements stay tied to the source element they came
                // from, in order: they can be tagged with (split, index)
   kUntracked,  // splits pass, the tie to source elements does not (Batch, Zip)
+  kReadsAhead,  // as kTracked, but the op reads its input ahead of its output on
+                // a thread of its own (Prefetch) and tells the split source which
+                // split each element it returns came from (SplitSource::ReadAhead,
+                // Emitting, Settled); one per pipeline (a second is kUntracked)
 };
 
 // What static FILE sharding (ApplyStaticSharding) does with an op.

@@ -37,9 +37,12 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
 
 // Threads: the consumer calls Next(); the producer thread (started by the
 // first Next(), joined by the destructor) is the only caller of in_->Next().
+// Under distributed_epoch it tells the split source which split each
+// element it returns came from (SplitPassing::kReadsAhead).
 class PrefetchIterator : public UnaryIterator {
  public:
-  using UnaryIterator::UnaryIterator;
+  PrefetchIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
+      : UnaryIterator(std::move(a), std::move(in)), splits_(ctx.splits) {}
   ~PrefetchIterator() override {
     {
       absl::MutexLock l(&mu_);
@@ -49,6 +52,7 @@ class PrefetchIterator : public UnaryIterator {
   }
   Result Next() override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    if (splits_ != nullptr) splits_->Settled();
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(
         +[](std::deque<HeldResult>* b) { return !b->empty(); }, &buf_));
@@ -58,6 +62,10 @@ class PrefetchIterator : public UnaryIterator {
     if (r.ok() && r->has_value()) {
       bytes_ -= ByteSize(buf_.front().result);
       buf_.pop_front();
+      if (splits_ != nullptr) {
+        splits_->Emitting(buf_splits_.front());
+        buf_splits_.pop_front();
+      }
     }
     return r;
   }
@@ -91,6 +99,7 @@ class PrefetchIterator : public UnaryIterator {
     absl::MutexLock l(&mu_);
     for (HeldResult& h : held) {
       bytes_ += ByteSize(h.result);
+      if (splits_ != nullptr && !Terminal(h)) buf_splits_.push_back(-1);
       buf_.push_back(std::move(h));
     }
     return absl::OkStatus();
@@ -119,16 +128,21 @@ class PrefetchIterator : public UnaryIterator {
       HeldResult item{in_->Next(), std::nullopt};
       bool terminal = Terminal(item);
       if (!terminal) item.key = in_->ElementKey();
+      const int64_t split = !terminal && splits_ != nullptr ? splits_->ReadAhead() : -1;
       absl::MutexLock l(&mu_);
       producing_ = false;
       bytes_ += ByteSize(item.result);
       buf_.push_back(std::move(item));
+      if (!terminal && splits_ != nullptr) buf_splits_.push_back(split);
       if (terminal) return;
     }
   }
 
   mutable absl::Mutex mu_;
   std::deque<HeldResult> buf_ ABSL_GUARDED_BY(mu_);
+  // With splits_: the split of each element in buf_ (ReadAhead's answer).
+  SplitSource* const splits_;
+  std::deque<int64_t> buf_splits_ ABSL_GUARDED_BY(mu_);
   std::optional<uint64_t> key_;  // the consumer's: of the element last returned
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -147,7 +161,7 @@ extern const OpDef kPrefetchOp = {
     .mutable_inputs = &MutableInputField<&proto::DatasetNode::mutable_prefetch>,
     .analyze = &Analyze,
     .make_iterator = &MakeUnaryIterator<PrefetchIterator>,
-    .split_passing = SplitPassing::kUntracked,
+    .split_passing = SplitPassing::kReadsAhead,
 };
 
 }  // namespace sluice::internal

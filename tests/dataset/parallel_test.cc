@@ -178,8 +178,9 @@ TEST(ParallelMapTest, BadParallelismIsInvalidArgument) {
 
 // A parallel Map reads ahead of its output across split boundaries, so
 // the worker (which tags an element with the split its source is reading
-// when the element comes out) cannot tie its output to splits; and ops
-// that count across splits keep a service checkpoint from resuming.
+// when the element comes out, unless a Prefetch says which split it read
+// the element from) cannot tie its output to splits; and ops that count
+// across splits keep a service checkpoint from resuming.
 TEST(ParallelMapTest, AParallelMapLosesTheTieToSplits) {
   auto info = [](const Dataset& ds) {
     auto i = internal::FindSplitSource(ds.def().root());
@@ -191,6 +192,15 @@ TEST(ParallelMapTest, AParallelMapLosesTheTieToSplits) {
   EXPECT_TRUE(info(Dataset::Range(10).Map(x + 1, 1, false)).tracked);
   EXPECT_EQ(info(Dataset::Range(10).Map(x + 1).Filter(x > 2)).unresumable_op, nullptr);
   EXPECT_STREQ(info(Dataset::Range(10).Map(x + 1, 4)).unresumable_op, "Map");
+  // One Prefetch reads ahead, tracked; a second is not.
+  const auto prefetched = info(Dataset::Range(10).Filter(x > 2).Prefetch(4).Map(x + 1));
+  EXPECT_EQ(prefetched.unresumable_op, nullptr);
+  EXPECT_TRUE(prefetched.tracked);
+  EXPECT_TRUE(prefetched.reads_ahead);
+  EXPECT_FALSE(info(Dataset::Range(10).Map(x + 1)).reads_ahead);
+  const auto twice = info(Dataset::Range(10).Prefetch(2).Map(x + 1).Prefetch(2));
+  EXPECT_STREQ(twice.unresumable_op, "Prefetch");
+  EXPECT_FALSE(twice.tracked);
   EXPECT_STREQ(info(Dataset::Range(10).Take(4).Map(x + 1)).unresumable_op, "Take");
   EXPECT_TRUE(info(Dataset::Range(10).Take(4)).tracked);  // dedup still works
   EXPECT_STREQ(info(Dataset::Range(10).Batch(2).Shard(2, 0)).unresumable_op, "Shard");

@@ -191,7 +191,8 @@ TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
 // kKillEvery and a new one started on a new port; at the third kill the
 // fault-tolerant dispatcher is SIGKILLed too and restarted on its port
 // from its journal. Every epoch yields each element exactly once, and the
-// epochs go on after the kills stop (no hang: the watchdog fails the test).
+// epochs go on after the kills stop (no hang: the watchdog fails the test);
+// every other epoch's pipeline has a Prefetch on the workers.
 TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNothing) {
   constexpr int64_t kN = 4000;
   constexpr int kWorkerKills = 6;
@@ -220,6 +221,10 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
   opt.dispatcher_timeout_ms = 30000;
   auto ds = Dataset::Range(kN).Map(expr::x * 3).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
+  // Every other epoch through a Prefetch on the workers, which reads ahead
+  // across split ends (SplitSource::ReadAhead): the same guarantee.
+  auto prefetched = Dataset::Range(kN).Map(expr::x * 3).Prefetch(8).Apply(Distribute(opt));
+  ASSERT_OK(prefetched.status());
   std::vector<int64_t> expected(kN);
   for (int64_t i = 0; i < kN; ++i) expected[i] = 3 * i;
   int kills = 0;
@@ -250,7 +255,7 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
     const bool churned = kills < kWorkerKills;
     std::vector<int64_t> values;
     {
-      ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+      ASSERT_OK_AND_ASSIGN(auto it, (epochs % 2 == 0 ? ds : prefetched).MakeIterator());
       ASSERT_OK(Drain(*it, &values, maybe_kill));
     }
     ASSERT_OK(chaos);

@@ -76,9 +76,13 @@ class CheckpointTest : public MultiProcessTest, public ::testing::WithParamInter
 
   // Every element of the pipeline exactly once over `values`.
   static void ExpectExactlyOnce(std::vector<int64_t> values) {
-    std::sort(values.begin(), values.end());
     std::vector<int64_t> expected(kN);
     for (int64_t i = 0; i < kN; ++i) expected[i] = 3 * i + 1;
+    ExpectExactlyOnce(std::move(values), expected);
+  }
+  // Each of `expected` (sorted) exactly once over `values`.
+  static void ExpectExactlyOnce(std::vector<int64_t> values, const std::vector<int64_t>& expected) {
+    std::sort(values.begin(), values.end());
     if (values == expected) return;
     std::map<int64_t, int> counts;
     for (int64_t v : values) ++counts[v];
@@ -87,7 +91,8 @@ class CheckpointTest : public MultiProcessTest, public ::testing::WithParamInter
       missing += counts[v] == 0;
       repeated += counts[v] > 1;
     }
-    ADD_FAILURE() << values.size() << " elements for " << kN << ": " << missing << " missing, "
+    ADD_FAILURE() << values.size() << " elements for " << expected.size() << ": " << missing
+                  << " missing, "
                   << repeated << " repeated";
   }
 };
@@ -115,6 +120,51 @@ TEST_P(CheckpointTest, AConsumerResumesOnAFreshServiceWithFewerWorkersExactlyOnc
     ASSERT_OK_AND_ASSIGN(auto resumed, Pipeline().MakeIterator(checkpoint));
     ASSERT_OK(Drain(*resumed, &values));
     ExpectExactlyOnce(values);
+  }
+  watchdog.Disarm();
+}
+
+// A Prefetch on the workers reads ahead of what it returns, across split
+// ends; it tells the worker which split each element came from, so the
+// pipeline stays resumable: with Filters below and above it (a split's
+// elements dropped before and after the read-ahead), saved mid-epoch and
+// resumed on a fresh service with fewer workers, every element arrives
+// exactly once.
+TEST_P(CheckpointTest, APrefetchOnTheWorkersResumesExactlyOnce) {
+  Watchdog watchdog(absl::Seconds(180), "APrefetchOnTheWorkersResumes",
+                    [this] { KillAllChildren(); });
+  auto workers_part = [] {
+    return Dataset::Range(kN).Filter(expr::x % 7 != 3).Prefetch(16).Map(expr::x * 3).Filter(
+        expr::x % 5 != 0);
+  };
+  std::vector<int64_t> expected;  // the same pipeline, run here
+  ASSERT_OK_AND_ASSIGN(auto local, workers_part().Map(expr::x + 1).MakeIterator());
+  ASSERT_OK(Drain(*local, &expected));
+  std::sort(expected.begin(), expected.end());
+  DistributeOptions opt;
+  opt.processing_mode = "distributed_epoch";
+  opt.data_transfer_protocol = GetParam().protocol;
+  for (const int64_t k : {int64_t{0}, int64_t{700}}) {
+    SCOPED_TRACE(absl::StrCat("saved after ", k, " elements"));
+    ASSERT_OK(NewService(3));
+    opt.service = ServiceTarget();
+    std::vector<int64_t> values;
+    std::string checkpoint;
+    {
+      ASSERT_OK_AND_ASSIGN(auto it,
+                           workers_part().Apply(Distribute(opt)).Map(expr::x + 1).MakeIterator());
+      ASSERT_OK(Read(*it, k, &values));
+      ASSERT_OK_AND_ASSIGN(checkpoint, it->Save());
+      std::vector<int64_t> lost;
+      ASSERT_OK(Read(*it, 100, &lost));
+    }
+    ASSERT_OK(NewService(2));
+    opt.service = ServiceTarget();
+    ASSERT_OK_AND_ASSIGN(
+        auto resumed,
+        workers_part().Apply(Distribute(opt)).Map(expr::x + 1).MakeIterator(checkpoint));
+    ASSERT_OK(Drain(*resumed, &values));
+    ExpectExactlyOnce(values, expected);
   }
   watchdog.Disarm();
 }
@@ -255,7 +305,8 @@ TEST_P(CheckpointTest, UnsavablePositionsAndBadCheckpointsAreClearErrors) {
        std::vector<std::pair<std::string, Dataset>>{
            {"Take", Dataset::Range(10).Take(5)},
            {"Shard", Dataset::Range(10).Shard(2, 0)},
-           {"Map", Dataset::Range(10).Map(expr::x * 2, 4)}}) {
+           {"Map", Dataset::Range(10).Map(expr::x * 2, 4)},
+           {"Prefetch", Dataset::Range(10).Prefetch(2).Prefetch(2)}}) {
     ASSERT_OK_AND_ASSIGN(auto it, ds.Apply(Distribute(opt)).MakeIterator());
     auto s = it->Save();
     EXPECT_TRUE(absl::IsUnimplemented(s.status())) << name << ": " << s.status();

@@ -129,6 +129,62 @@ TEST_F(SplitClientTest, UntrackedSplitCompletesWhenReadToTheEnd) {
   EXPECT_FALSE(end->has_value());
 }
 
+// A Prefetch on the workers reads ahead: both splits are read to the end
+// (the source waits for the epoch's end) while their elements are still
+// inside the pipeline. A split completes only once each of its elements
+// came out of the Prefetch, the pipeline asked for the next (Settled), and
+// a client acknowledged what was tagged: acknowledging two elements of
+// three must not complete it.
+TEST_F(SplitClientTest, AReadAheadSplitCompletesOnlyOnceItsElementsLeftThePipeline) {
+  SplitClient splits(stub_.get(), worker_, task_, /*tracked=*/true);
+  ASSERT_EQ(splits.BeginEpoch(), 0);
+  std::vector<int64_t> ids;
+  for (int k = 0; k < 2; ++k) {
+    auto split = splits.Next(0);
+    ASSERT_OK(split.status());
+    ASSERT_TRUE(split->has_value());
+    ids.push_back((*split)->id);
+    for (int64_t i = (*split)->begin; i < (*split)->end; ++i) {
+      EXPECT_EQ(splits.ReadAhead(), (*split)->id);
+    }
+  }
+  absl::Notification ended;
+  std::optional<absl::StatusOr<std::optional<Split>>> last;
+  std::thread reader([&] {  // the Prefetch's producer, at the epoch's end
+    last = splits.Next(0);
+    ended.Notify();
+  });
+  // The Prefetch returns `n` elements of `split`; each is tagged and sent.
+  auto emit = [&](int64_t split, int64_t first_index, int n) {
+    for (int i = 0; i < n; ++i) {
+      splits.Settled();
+      splits.Emitting(split);
+      const SplitClient::Tagged tag = splits.Tag();
+      EXPECT_EQ(tag.position.split_id, split);
+      EXPECT_EQ(tag.position.index, first_index + i);
+      EXPECT_FALSE(tag.skip);
+      splits.Sent(split);
+    }
+  };
+  emit(ids[1], 0, 3);
+  splits.Acked(ids[1], 3);
+  emit(ids[0], 0, 2);
+  splits.Acked(ids[0], 2);
+  splits.Settled();
+  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(500)))
+      << "the epoch ended with an element of split " << ids[0] << " still read ahead";
+  emit(ids[0], 2, 1);
+  splits.Acked(ids[0], 1);
+  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "the epoch ended before the pipeline settled the last element";
+  splits.Settled();
+  EXPECT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  reader.join();
+  ASSERT_TRUE(last.has_value());
+  ASSERT_OK(last->status());
+  EXPECT_FALSE(last->value().has_value()) << "end of the epoch";
+}
+
 // An iteration resumed from a service checkpoint: split [0, 3) was all
 // delivered, [3, 6) its indices 0 and 2. The worker is handed only [3, 6),
 // produces it again, and sends index 1 alone; the skipped ones count as
