@@ -199,22 +199,36 @@ inline std::string DescribeWaitStatus(int status) {
   return absl::StrCat("wait status ", status);
 }
 
-// A port that was free a moment ago (nothing listens on it afterwards).
+// A port that was free a moment ago (nothing listens on it afterwards),
+// below the kernel's ephemeral range (ip_local_port_range): a port a test
+// restarts a process on must not be handed meanwhile to an outgoing
+// connection of another test running beside it, which ephemeral ports are.
 inline int UnusedLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  int port = -1;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+  int ephemeral_low = 32768;
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    int low = 0;
+    if (range >> low && low > 2048) ephemeral_low = low;
   }
-  close(fd);
-  return port;
+  static std::atomic<uint64_t> draws{0};
+  uint64_t x = static_cast<uint64_t>(getpid()) * 0x9e3779b97f4a7c15ull +
+               static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull + draws.fetch_add(1);
+    constexpr int kLowest = 1024;
+    const uint64_t span = static_cast<uint64_t>(ephemeral_low - kLowest);
+    const int port = kLowest + static_cast<int>((x >> 33) % span);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return -1;
 }
 
 // The complete lines of `path` so far (a trailing partial line is left out).
