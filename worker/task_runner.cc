@@ -343,12 +343,7 @@ absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t co
 
 bool TaskRunner::finished() const {
   absl::MutexLock l(&mu_);
-  if (!error_.ok()) return true;
-  if (stop_ || !produced_all_ || !buffer_.empty() || !rounds_.empty()) return false;
-  for (const auto& [id, c] : consumers_) {
-    if (!c.retained.empty()) return false;  // a reply may not have arrived
-  }
-  return true;
+  return !error_.ok() || (produced_all_ && buffer_.empty() && rounds_.empty());
 }
 
 TaskRunner::Counters TaskRunner::counters() const {

@@ -119,11 +119,8 @@ class TaskRunner {
                                        int64_t round, int64_t delivered_round = -1)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // True once the producer ended and every element was handed out and is
-  // known to be held by its consumer (nothing kept for redelivery), or the
-  // task failed. Reported to the dispatcher as completed, after which the
-  // dispatcher never declares the task lost: a task stopped (its worker
-  // going away) before its consumers were told the end is not finished.
+  // True once the producer ended and every element was handed out, or the
+  // task failed. Reported to the dispatcher as completed.
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status error() const ABSL_LOCKS_EXCLUDED(mu_);
   const proto::TaskDef& def() const { return def_; }

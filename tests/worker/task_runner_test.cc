@@ -48,35 +48,6 @@ void AwaitProduced(TaskRunner& task, int64_t n) {
   ASSERT_EQ(task.counters().produced_elements, n);
 }
 
-// The dispatcher never declares a finished task lost, so a task is not
-// finished while its last reply may still be in transit (kept for
-// redelivery), nor once stopped (its worker going away) before the
-// consumer was told the end: a consumer that then lost that reply would
-// wait for the task forever instead of reading its shard again elsewhere.
-TEST(TaskRunnerTest, ATaskIsFinishedOnlyOnceItsConsumerHoldsEverything) {
-  const absl::Duration wait = absl::Seconds(1);
-  {
-    auto task = RangeTask(3);
-    AwaitProduced(*task, 3);
-    ASSERT_OK_AND_ASSIGN(ServedBatch all, task->GetBatch(Ask(5, 0), wait));
-    EXPECT_EQ(Values(all), (std::vector<int64_t>{0, 1, 2}));
-    EXPECT_FALSE(task->finished()) << "the reply may not have arrived";
-    ASSERT_OK_AND_ASSIGN(ServedBatch end, task->GetBatch(Ask(5, 3), wait));
-    EXPECT_TRUE(end.end_of_sequence);
-    EXPECT_TRUE(task->finished());
-  }
-  {
-    auto task = RangeTask(3);
-    AwaitProduced(*task, 3);
-    ASSERT_OK_AND_ASSIGN(ServedBatch all, task->GetBatch(Ask(5, 0), wait));
-    task->Stop();
-    // The consumer holds all three, but is told the task stopped, not its end.
-    EXPECT_STATUS(task->GetBatch(Ask(5, 3), wait).status(), absl::StatusCode::kCancelled,
-                  "stopped");
-    EXPECT_FALSE(task->finished());
-  }
-}
-
 TEST(TaskRunnerTest, AReplyLostInTransitIsHandedOutAgainFromWhatTheConsumerHolds) {
   auto task = RangeTask(8);
   AwaitProduced(*task, 8);
