@@ -193,6 +193,7 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
   const bool redeliver = request.client_id != 0;
   if (redeliver && request.delivered_seq >= 0) {
     ForgetDeliveredLocked(consumer, request.delivered_seq);
+    consumer.delivered = std::max(consumer.delivered, request.delivered_seq);
   }
   if (redeliver && request.resend) {
     if (auto resent = ResendLocked(consumer, request)) {
@@ -201,8 +202,12 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
     }
   }
   ++consumer.serving;
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || !buffer_.empty() || produced_all_ || !error_.ok();
+  // The end only once the consumer holds everything (see the header).
+  auto at_end = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return produced_all_ && (!redeliver || consumer.HoldsAll());
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !buffer_.empty() || at_end() || !error_.ok();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
   --consumer.serving;
@@ -233,7 +238,7 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
   }
   if (!error_.ok()) return error_;
   if (stop_) return absl::CancelledError(absl::StrCat("task ", def_.task_id(), " was stopped"));
-  if (produced_all_) {
+  if (at_end()) {
     out.end_of_sequence = true;
     out.seq = consumer.next_seq;
     return out;
@@ -343,7 +348,14 @@ absl::StatusOr<ServedBatch> TaskRunner::GetRound(absl::Duration wait, int64_t co
 
 bool TaskRunner::finished() const {
   absl::MutexLock l(&mu_);
-  return !error_.ok() || (produced_all_ && buffer_.empty() && rounds_.empty());
+  if (!error_.ok()) return true;
+  if (stop_ || !produced_all_ || !buffer_.empty() || !rounds_.empty()) return false;
+  const absl::Time now = absl::Now();
+  for (const auto& [id, c] : consumers_) {
+    const bool left = c.serving == 0 && now - c.last_seen >= kConsumerIdle;
+    if (id != 0 && !c.HoldsAll() && !left) return false;  // a reply may be in transit
+  }
+  return true;
 }
 
 TaskRunner::Counters TaskRunner::counters() const {

@@ -65,7 +65,11 @@ class TaskRunner {
   // consumer holds; request.resend answers at once with the elements kept
   // from delivered_seq on (within the reply that first carried them,
   // resent set), or DataLoss when they were forgotten. end_of_sequence
-  // carries in seq how many elements this consumer was handed in all.
+  // carries in seq how many elements this consumer was handed in all, and
+  // is only answered to a consumer that holds them all (its
+  // delivered_seq): until then the request waits (up to `wait`; another
+  // request of the consumer may say it holds them) and is answered
+  // not_ready, so that the task is finished (below) once its end is out.
   // The task's error (for example a dataset that does not validate on this
   // worker) is returned as is.
   //
@@ -119,8 +123,15 @@ class TaskRunner {
                                        int64_t round, int64_t delivered_round = -1)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // True once the producer ended and every element was handed out, or the
-  // task failed. Reported to the dispatcher as completed.
+  // True once the task failed, or the producer ended, every element was
+  // handed out, and each consumer holds what it was handed (said so in a
+  // request, or asked nothing for kConsumerIdle: it left). Reported to the
+  // dispatcher as completed, after which the dispatcher never declares the
+  // task lost, so a reply in transit keeps it unfinished: should the worker
+  // die then, the task is lost and its data read again (a static shard by
+  // the worker that takes the place) instead of the consumer waiting for
+  // that reply forever. A stopped task (its worker going away) is not
+  // finished: its consumers may not have been told its end.
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status error() const ABSL_LOCKS_EXCLUDED(mu_);
   const proto::TaskDef& def() const { return def_; }
@@ -176,6 +187,10 @@ class TaskRunner {
     std::deque<ServedBatch> retained;
     size_t retained_bytes = 0;
     int64_t retained_from = 0;
+    int64_t delivered = 0;  // the highest delivered_seq it sent
+    // It holds every element handed to it (anonymous consumers are never
+    // asked).
+    bool HoldsAll() const { return delivered >= next_seq; }
   };
   std::map<int64_t, Consumer> consumers_ ABSL_GUARDED_BY(mu_);
   // Coordinated reads: open rounds, each slot a consumer's element until it

@@ -50,7 +50,9 @@ absl::StatusOr<ServedBatch> WorkerCore::Serve(const ElementRequest& req) {
     if (task->finished()) ReportFinished(*task);
     return batch.status();
   }
-  if (batch->end_of_sequence) ReportFinished(*task);
+  // Other consumers may not hold their part yet: then a heartbeat
+  // reports it, once finished.
+  if (batch->end_of_sequence && task->finished()) ReportFinished(*task);
   // Compressed copies for this reply; the task keeps the frames as they
   // were for redelivery.
   for (FrameBuffer& f : batch->frames) {

@@ -2,6 +2,8 @@
 // redelivery of replies lost in transit.
 #include "sluice/worker/task_runner.h"
 
+#include <thread>
+
 #include "sluice/core/frame.h"
 #include "sluice/dataset/dataset.h"
 #include "tests/test_util.h"
@@ -46,6 +48,65 @@ void AwaitProduced(TaskRunner& task, int64_t n) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_EQ(task.counters().produced_elements, n);
+}
+
+// The dispatcher never declares a finished task lost, so a task is not
+// finished while a reply may still be in transit (kept for redelivery),
+// nor once stopped (its worker going away) before the consumer was told
+// its end: a consumer that then lost that reply would wait for the task
+// forever instead of reading its shard again elsewhere.
+TEST(TaskRunnerTest, ATaskIsFinishedOnlyOnceItsConsumerHoldsEverything) {
+  const absl::Duration wait = absl::Seconds(1);
+  {
+    auto task = RangeTask(3);
+    AwaitProduced(*task, 3);
+    ASSERT_OK_AND_ASSIGN(ServedBatch all, task->GetBatch(Ask(5, 0), wait));
+    EXPECT_EQ(Values(all), (std::vector<int64_t>{0, 1, 2}));
+    EXPECT_FALSE(task->finished()) << "the reply may not have arrived";
+    ASSERT_OK_AND_ASSIGN(ServedBatch end, task->GetBatch(Ask(5, 3), wait));
+    EXPECT_TRUE(end.end_of_sequence);
+    EXPECT_EQ(end.seq, 3);
+    EXPECT_TRUE(task->finished());
+  }
+  {
+    auto task = RangeTask(3);
+    AwaitProduced(*task, 3);
+    ASSERT_OK_AND_ASSIGN(ServedBatch all, task->GetBatch(Ask(5, 0), wait));
+    task->Stop();
+    // The consumer holds all three, but is told the task stopped, not its end.
+    EXPECT_STATUS(task->GetBatch(Ask(5, 3), wait).status(), absl::StatusCode::kCancelled,
+                  "stopped");
+    EXPECT_FALSE(task->finished());
+  }
+}
+
+// With several requests in flight, the one that finds the task at its end
+// may have been sent before an earlier reply arrived: it is answered
+// not_ready, not the end, until a request says the consumer holds every
+// element (then the end, and the task is finished); a request waiting for
+// that is answered as soon as another one says so.
+TEST(TaskRunnerTest, TheEndIsAnsweredOnlyToAConsumerThatHoldsEverything) {
+  auto task = RangeTask(3);
+  AwaitProduced(*task, 3);
+  ASSERT_OK_AND_ASSIGN(ServedBatch all, task->GetBatch(Ask(5, 0), absl::Seconds(1)));
+  ASSERT_EQ(Values(all), (std::vector<int64_t>{0, 1, 2}));
+  // Sent before `all` arrived.
+  ASSERT_OK_AND_ASSIGN(ServedBatch early, task->GetBatch(Ask(5, 0), absl::Milliseconds(50)));
+  EXPECT_TRUE(early.not_ready);
+  EXPECT_FALSE(early.end_of_sequence);
+  EXPECT_FALSE(task->finished());
+  // Another such request waits; the next one, sent once `all` arrived,
+  // ends both.
+  absl::StatusOr<ServedBatch> waiting;
+  std::thread t([&] { waiting = task->GetBatch(Ask(5, 0), absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_OK_AND_ASSIGN(ServedBatch end, task->GetBatch(Ask(5, 3), absl::Seconds(1)));
+  t.join();
+  EXPECT_TRUE(end.end_of_sequence);
+  ASSERT_OK(waiting.status());
+  EXPECT_TRUE(waiting->end_of_sequence);
+  EXPECT_EQ(waiting->seq, 3);
+  EXPECT_TRUE(task->finished());
 }
 
 TEST(TaskRunnerTest, AReplyLostInTransitIsHandedOutAgainFromWhatTheConsumerHolds) {
