@@ -82,7 +82,16 @@ absl::Status RunCompression(const CompressionArgs& a, const std::string& command
             const double gb = bytes / 1e9;
             const double secs = RecordNumber(*r, "seconds");
             row.gbps = secs > 0 ? gb / secs : std::nan("");
-            row.wire_ratio = bytes > 0 ? RecordNumber(*r, "wire_bytes") / bytes : std::nan("");
+            // Per element on both sides: the elements received over the
+            // window are not the ones returned over it (a few were
+            // buffered before it, a few after), and every element of a
+            // workload has the same size.
+            const double elements = RecordNumber(*r, "elements");
+            const double wire_elements = RecordNumber(*r, "wire_elements");
+            row.wire_ratio = bytes > 0 && wire_elements > 0
+                                 ? (RecordNumber(*r, "wire_bytes") / wire_elements) /
+                                       (bytes / elements)
+                                 : std::nan("");
             row.client_cpu_per_gb =
                 (RecordNumber(*r, "cpu_user_s") + RecordNumber(*r, "cpu_sys_s")) / gb;
             row.worker_cpu_per_gb = (w1 - w0) / gb;

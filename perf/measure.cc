@@ -106,7 +106,7 @@ absl::StatusOr<Record> RunClient(const ClientOptions& o) {
       SLUICE_RETURN_IF_ERROR(NextPayloadBytes(*it).status());
     }
     const TransportStats ts0 = GetTransportStats();
-    const int64_t wire0 = GetDataServiceStats().bytes_received;
+    const DataServiceStats wire0 = GetDataServiceStats();
     rusage ru0{};
     getrusage(RUSAGE_SELF, &ru0);
     const Clock::time_point t0 = Clock::now();
@@ -121,7 +121,11 @@ absl::StatusOr<Record> RunClient(const ClientOptions& o) {
     rusage ru1{};
     getrusage(RUSAGE_SELF, &ru1);
     const TransportStats ts1 = GetTransportStats();
-    r["wire_bytes"] = absl::StrCat(GetDataServiceStats().bytes_received - wire0);
+    // What arrived over the wire meanwhile, which is not what Next()
+    // returned meanwhile (replies in flight and buffered at either end).
+    const DataServiceStats wire1 = GetDataServiceStats();
+    r["wire_bytes"] = absl::StrCat(wire1.bytes_received - wire0.bytes_received);
+    r["wire_elements"] = absl::StrCat(wire1.elements_received - wire0.elements_received);
     r["elements"] = absl::StrCat(elements);
     r["bytes"] = absl::StrCat(bytes);
     r["seconds"] = absl::StrCat(seconds);
