@@ -179,6 +179,7 @@ class RootIterator : public Iterator {
       : in_(std::move(in)), fingerprint_(fingerprint), salt_(ctx.salt), seed_(ctx.seed) {}
   absl::StatusOr<std::optional<Element>> Next() override { return in_->Next(); }
   std::optional<uint64_t> ElementKey() const override { return in_->ElementKey(); }
+  int64_t ElementSplit() const override { return in_->ElementSplit(); }
   absl::StatusOr<std::string> Save() const override {
     proto::IteratorCheckpoint c;
     c.set_format_version(kCheckpointFormatVersion);

@@ -48,6 +48,9 @@ class Iterator {
   // op on the way keeps that tie (docs/datasets.md, "Randomness"); random
   // functions seed from it. nullopt when not kept.
   virtual std::optional<uint64_t> ElementKey() const { return std::nullopt; }
+  // Internal (distributed_epoch on a worker): the split (SplitSource) the
+  // element the last Next() returned came from; -1 when not known.
+  virtual int64_t ElementSplit() const { return -1; }
 
   // Checkpoints (docs/datasets.md, "Checkpoints"): this iterator's position
   // after the last Next(), as bytes. Dataset::MakeIterator(checkpoint) of

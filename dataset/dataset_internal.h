@@ -108,10 +108,10 @@ struct Split {
 
 // Where a pipeline's split source (the one Range, FromTensors or ListFiles
 // of a distributed_epoch pipeline) gets its splits. Implemented by the
-// worker (a prefetching client of the dispatcher's GetSplit). Next,
-// BeginEpoch and ReadAhead are called from the thread that reads the
-// source (the pipeline's, or a Prefetch's producer); Emitting and Settled
-// from the one that drives the pipeline: implementations lock.
+// worker (a prefetching client of the dispatcher's GetSplit). Next and
+// BeginEpoch are called from the thread that reads the source (the
+// pipeline's, or a read-ahead op's); ReadAhead and Released from any:
+// implementations lock.
 class SplitSource {
  public:
   virtual ~SplitSource() = default;
@@ -126,20 +126,16 @@ class SplitSource {
   // that other workers processed.
   virtual bool EpochHadSplits(int64_t epoch) = 0;
 
-  // A read-ahead op on a tracked pipeline (SplitPassing::kReadsAhead:
-  // Prefetch) reads its input ahead of its output, across split ends, so
-  // the split its source is reading is not the split of the element the
-  // pipeline produces. It says which is which:
-  // The op just read an element from its input: the split that element
-  // came from (the one the source is reading), -1 when not tracked; the
-  // element counts as held by the op until Emitting.
-  virtual int64_t ReadAhead() { return -1; }
-  // The op returns an element it read from `split` (ReadAhead's answer):
-  // what the pipeline produces until the next Emitting is that split's.
-  virtual void Emitting(int64_t split) {}
-  // The op is asked for its next element: everything it returned before
-  // has left the pipeline (produced, or dropped by an op above it).
-  virtual void Settled() {}
+  // A read-ahead op (SplitPassing::kReadsAhead: Prefetch, a deterministic
+  // parallel Map) holds elements of splits its source may have left: a
+  // split read to the end is not done while one holds an element of it.
+  // The op took an element of `split` (its input's ElementSplit(); -1:
+  // none) from its input ...
+  virtual void ReadAhead(int64_t split) {}
+  // ... and the element left it: the op was asked for its next element
+  // after returning it (it went on up the pipeline, which produced it or
+  // dropped it, or into the next read-ahead op), or the op dropped it.
+  virtual void Released(int64_t split) {}
 };
 
 struct IteratorContext {
@@ -159,10 +155,11 @@ struct SplitSourceInfo {
   // Every op between the source and the root keeps output elements tied to
   // the source element they came from, in order (Map but a parallel one,
   // Filter, Take, Skip, Shard, Unbatch, Repeat, ReadRecords,
-  // ReadFixedLengthRecords, and one Prefetch): output elements can be
-  // tagged with (split, index in split).
+  // ReadFixedLengthRecords, Prefetch, a deterministic parallel Map): output
+  // elements can be tagged with (split, index in split), the split being
+  // the root iterator's ElementSplit().
   bool tracked = true;
-  // Tracked through a read-ahead op (SplitPassing::kReadsAhead).
+  // Tracked through read-ahead ops (SplitPassing::kReadsAhead).
   bool reads_ahead = false;
   // The first op on the path from the root that keeps a service
   // checkpoint from resuming (an untracked op, or one that counts across

@@ -31,6 +31,7 @@ class SplitReaderIterator : public NodeIterator {
     }
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  int64_t ElementSplit() const override { return split_ ? split_->id : -1; }
 
  private:
   const SplitSourceTraits* const traits_;
@@ -57,6 +58,7 @@ class StickyIterator : public Iterator {
   std::optional<uint64_t> ElementKey() const override {
     return in_ != nullptr ? in_->ElementKey() : std::nullopt;
   }
+  int64_t ElementSplit() const override { return in_ != nullptr ? in_->ElementSplit() : -1; }
   // An iterator at its end saves only that; one that failed cannot save.
   absl::Status SaveState(proto::IteratorState* state) const override {
     if (!terminal_) return in_->SaveState(state);
@@ -116,8 +118,6 @@ absl::Status CollectSources(const proto::DatasetNode& n, bool tracked, bool read
         "distributed_epoch: the pipeline has a node that cannot be split (a Placeholder outside "
         "Interleave, a nested Distribute or an empty node)");
   }
-  // The split source follows one read-ahead op (SplitSource::ReadAhead).
-  if (passing == SplitPassing::kReadsAhead && reads_ahead) passing = SplitPassing::kUntracked;
   const bool keeps = passing == SplitPassing::kTracked || passing == SplitPassing::kReadsAhead;
   if (unresumable == nullptr && (!keeps || op->counts_across_splits)) unresumable = op->name;
   for (const proto::DatasetNode* in : InputsOf(n)) {

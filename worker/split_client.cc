@@ -83,7 +83,7 @@ void SplitClient::MaybeCompleteLocked(int64_t split_id, bool timed_out) {
   auto e = elements_.find(split_id);
   // Elements read ahead are still inside the pipeline: more of the split's
   // output may come.
-  if (e != elements_.end() && (e->second.read_ahead > 0 || unsettled_ == split_id)) return;
+  if (e != elements_.end() && e->second.read_ahead > 0) return;
   if (e != elements_.end() && e->second.acked < e->second.tagged) {
     if (!timed_out) return;
     spdlog::warn("worker {}: task {}: {} element(s) of split {} were sent but not acknowledged "
@@ -132,12 +132,11 @@ bool SplitClient::EpochHadSplits(int64_t epoch) {
   return it != had_splits_.end() && it->second;
 }
 
-SplitClient::Tagged SplitClient::Tag() {
+SplitClient::Tagged SplitClient::Tag(int64_t split) {
   absl::MutexLock l(&mu_);
   Tagged t;
-  const std::optional<int64_t> split = reads_ahead_ ? emitting_ : current_;
-  if (!tracked_ || !split) return t;
-  auto it = elements_.find(*split);
+  if (!tracked_ || split < 0) return t;
+  auto it = elements_.find(split);
   if (it == elements_.end()) return t;
   SplitElements& e = it->second;
   t.position = e.range;
@@ -151,32 +150,20 @@ SplitClient::Tagged SplitClient::Tag() {
   return t;
 }
 
-int64_t SplitClient::ReadAhead() {
-  absl::MutexLock l(&mu_);
-  if (!tracked_ || !current_) return -1;
-  auto it = elements_.find(*current_);
-  if (it == elements_.end()) return -1;
-  reads_ahead_ = true;
-  ++it->second.read_ahead;
-  return *current_;
-}
-
-void SplitClient::Emitting(int64_t split) {
-  absl::MutexLock l(&mu_);
-  if (!tracked_) return;
-  emitting_.reset();
+void SplitClient::ReadAhead(int64_t split) {
   if (split < 0) return;
-  emitting_ = split;
-  unsettled_ = split;
+  absl::MutexLock l(&mu_);
   auto it = elements_.find(split);
-  if (it != elements_.end() && it->second.read_ahead > 0) --it->second.read_ahead;
+  if (!tracked_ || it == elements_.end()) return;
+  ++it->second.read_ahead;
 }
 
-void SplitClient::Settled() {
+void SplitClient::Released(int64_t split) {
+  if (split < 0) return;
   absl::MutexLock l(&mu_);
-  if (!unsettled_) return;
-  const int64_t split = *unsettled_;
-  unsettled_.reset();
+  auto it = elements_.find(split);
+  if (!tracked_ || it == elements_.end() || it->second.read_ahead == 0) return;
+  --it->second.read_ahead;
   MaybeCompleteLocked(split);
 }
 

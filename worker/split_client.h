@@ -20,15 +20,14 @@
 // Shuffle, ...) cannot tie elements to splits; their splits complete when
 // read to the end.
 //
-// Read ahead: a tracked pipeline through a Prefetch (SplitPassing::
-// kReadsAhead) produces elements of splits its source has already left.
-// The Prefetch says which split each element it returns came from
-// (ReadAhead, Emitting), and a split read to the end completes only once
-// none of its elements is still inside the pipeline: none held by the
-// Prefetch, and the Prefetch asked for its next element after returning
-// the split's last (Settled). Its producer thread, not the one that calls
-// Tag(), then calls the SplitSource methods; it waits for a split at the
-// epoch's end while the consumer drains what it holds.
+// Read ahead: a tracked pipeline through read-ahead ops (SplitPassing::
+// kReadsAhead: Prefetch, a deterministic parallel Map) produces elements
+// of splits its source has already left. Each element carries its split
+// up the pipeline (Iterator::ElementSplit; Tag() is given the root's), and
+// a split read to the end completes only once no read-ahead op holds an
+// element of it (ReadAhead, Released). Their threads, not the one that
+// calls Tag(), then read the source; one waits for a split at the epoch's
+// end while the consumer drains what the ops hold.
 #pragma once
 
 #include <deque>
@@ -66,19 +65,19 @@ class SplitClient final : public SplitSource {
   absl::StatusOr<std::optional<Split>> Next(int64_t epoch) override ABSL_LOCKS_EXCLUDED(mu_);
   bool EpochHadSplits(int64_t epoch) override ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The element the pipeline just produced: its split and index in it
-  // (split_id -1 when untracked), counted as not yet served; or, when a
-  // resumed split delivered it before (`skip`), counted as delivered: the
-  // caller drops it.
+  // The element the pipeline just produced, from `split` (the root
+  // iterator's ElementSplit()): its split and index in it (split_id -1
+  // when untracked), counted as not yet served; or, when a resumed split
+  // delivered it before (`skip`), counted as delivered: the caller drops
+  // it.
   struct Tagged {
     SplitPosition position;
     bool skip = false;
   };
-  Tagged Tag() ABSL_LOCKS_EXCLUDED(mu_);
+  Tagged Tag(int64_t split) ABSL_LOCKS_EXCLUDED(mu_);
   // SplitSource's read-ahead calls (see the top of this file).
-  int64_t ReadAhead() override ABSL_LOCKS_EXCLUDED(mu_);
-  void Emitting(int64_t split) override ABSL_LOCKS_EXCLUDED(mu_);
-  void Settled() override ABSL_LOCKS_EXCLUDED(mu_);
+  void ReadAhead(int64_t split) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Released(int64_t split) override ABSL_LOCKS_EXCLUDED(mu_);
   // An element tagged with `split_id` was handed to the data plane.
   void Sent(int64_t split_id) ABSL_LOCKS_EXCLUDED(mu_);
   // A client received `count` elements tagged with `split_id`.
@@ -120,16 +119,9 @@ class SplitClient final : public SplitSource {
     SplitPosition range;  // epoch, begin, end
     IndexSet skip;        // indices delivered before the checkpoint it resumes from
     int64_t tagged = 0, sent = 0, acked = 0;
-    int64_t read_ahead = 0;  // held by a read-ahead op, not yet returned by it
+    int64_t read_ahead = 0;  // held by read-ahead ops (ReadAhead, not yet Released)
     absl::Time last_sent = absl::InfinitePast();
   };
-  // Read ahead (see the top): set by the first ReadAhead of a tracked
-  // pipeline; then Tag() tags with emitting_, not current_.
-  bool reads_ahead_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<int64_t> emitting_ ABSL_GUARDED_BY(mu_);
-  // Returned by the read-ahead op and maybe not yet out of the pipeline
-  // (until Settled).
-  std::optional<int64_t> unsettled_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, SplitElements> elements_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> read_ ABSL_GUARDED_BY(mu_);  // read to the end, elements unacknowledged
   std::vector<int64_t> completed_ ABSL_GUARDED_BY(mu_);  // to report

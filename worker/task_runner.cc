@@ -95,7 +95,7 @@ void TaskRunner::Produce() {
     }
     SplitClient::Tagged tag;
     if (splits_) {
-      tag = splits_->Tag();
+      tag = splits_->Tag((*it)->ElementSplit());
       if (tag.skip) continue;  // delivered before the checkpoint it resumes from
     }
     auto frame = EncodeServedFrame(**e, allocator_);

@@ -52,9 +52,9 @@ enum class SplitPassing : uint8_t {
                // from, in order: they can be tagged with (split, index)
   kUntracked,  // splits pass, the tie to source elements does not (Batch, Zip)
   kReadsAhead,  // as kTracked, but the op reads its input ahead of its output on
-                // a thread of its own (Prefetch) and tells the split source which
-                // split each element it returns came from (SplitSource::ReadAhead,
-                // Emitting, Settled); one per pipeline (a second is kUntracked)
+                // a thread of its own (Prefetch, a deterministic parallel Map): it
+                // keeps each element's ElementSplit() and tells the split source
+                // which splits it holds (SplitSource::ReadAhead, Released)
 };
 
 // What static FILE sharding (ApplyStaticSharding) does with an op.
@@ -194,11 +194,14 @@ class NodeIterator : public Iterator {
   AnalysisPtr a_;
 };
 
-// An op with one input iterator.
+// An op with one input iterator. Its output element comes from the input
+// element last read (so from its split): true of every tracked op
+// (SplitPassing::kTracked); read-ahead ones override ElementSplit.
 class UnaryIterator : public NodeIterator {
  public:
   UnaryIterator(AnalysisPtr a, std::unique_ptr<Iterator> in)
       : NodeIterator(std::move(a)), in_(std::move(in)) {}
+  int64_t ElementSplit() const override { return in_->ElementSplit(); }
 
  protected:
   // SaveValues / RestoreValues, then the input's state.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -37,8 +38,8 @@ absl::Status Analyze(Analysis& a, const ElementSpec*) {
 
 // Threads: the consumer calls Next(); the producer thread (started by the
 // first Next(), joined by the destructor) is the only caller of in_->Next().
-// Under distributed_epoch it tells the split source which split each
-// element it returns came from (SplitPassing::kReadsAhead).
+// Under distributed_epoch it keeps each element's split and tells the
+// split source which it holds (SplitPassing::kReadsAhead).
 class PrefetchIterator : public UnaryIterator {
  public:
   PrefetchIterator(AnalysisPtr a, std::unique_ptr<Iterator> in, const IteratorContext& ctx)
@@ -49,10 +50,15 @@ class PrefetchIterator : public UnaryIterator {
       stop_ = true;
     }
     if (thread_.joinable()) thread_.join();
+    if (splits_ != nullptr) {  // what it held is dropped
+      splits_->Released(split_);
+      absl::MutexLock l(&mu_);
+      for (int64_t s : buf_splits_) splits_->Released(s);
+    }
   }
   Result Next() override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
-    if (splits_ != nullptr) splits_->Settled();
+    if (splits_ != nullptr) splits_->Released(std::exchange(split_, -1));
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(
         +[](std::deque<HeldResult>* b) { return !b->empty(); }, &buf_));
@@ -63,13 +69,14 @@ class PrefetchIterator : public UnaryIterator {
       bytes_ -= ByteSize(buf_.front().result);
       buf_.pop_front();
       if (splits_ != nullptr) {
-        splits_->Emitting(buf_splits_.front());
+        split_ = buf_splits_.front();
         buf_splits_.pop_front();
       }
     }
     return r;
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  int64_t ElementSplit() const override { return split_; }
 
   // The producer is held between elements meanwhile: the buffer (as data)
   // and the input's position then agree.
@@ -128,7 +135,8 @@ class PrefetchIterator : public UnaryIterator {
       HeldResult item{in_->Next(), std::nullopt};
       bool terminal = Terminal(item);
       if (!terminal) item.key = in_->ElementKey();
-      const int64_t split = !terminal && splits_ != nullptr ? splits_->ReadAhead() : -1;
+      const int64_t split = !terminal && splits_ != nullptr ? in_->ElementSplit() : -1;
+      if (split >= 0) splits_->ReadAhead(split);
       absl::MutexLock l(&mu_);
       producing_ = false;
       bytes_ += ByteSize(item.result);
@@ -140,9 +148,11 @@ class PrefetchIterator : public UnaryIterator {
 
   mutable absl::Mutex mu_;
   std::deque<HeldResult> buf_ ABSL_GUARDED_BY(mu_);
-  // With splits_: the split of each element in buf_ (ReadAhead's answer).
+  // With splits_: the split of each element in buf_, held (ReadAhead)
+  // until released; split_ is the consumer's, of the element last returned.
   SplitSource* const splits_;
   std::deque<int64_t> buf_splits_ ABSL_GUARDED_BY(mu_);
+  int64_t split_ = -1;
   std::optional<uint64_t> key_;  // the consumer's: of the element last returned
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -64,6 +64,7 @@ class RepeatIterator : public NodeIterator {
         // A split source's keys carry the splits' epoch already.
         std::optional<uint64_t> k = in_->ElementKey();
         key_ = k && ctx_.splits == nullptr ? std::optional<uint64_t>(EpochKey(*k, epoch_)) : k;
+        split_ = in_->ElementSplit();
         return e;
       }
       in_.reset();
@@ -73,6 +74,7 @@ class RepeatIterator : public NodeIterator {
     return End();
   }
   std::optional<uint64_t> ElementKey() const override { return key_; }
+  int64_t ElementSplit() const override { return split_; }
   // The epoch, and the current epoch's input when one is open.
   absl::Status SaveState(proto::IteratorState* state) const override {
     SLUICE_RETURN_IF_ERROR(BeginSave(state));
@@ -109,6 +111,7 @@ class RepeatIterator : public NodeIterator {
   int64_t epoch_ = 0;
   bool produced_this_epoch_ = false;
   std::optional<uint64_t> key_;
+  int64_t split_ = -1;
 };
 
 absl::StatusOr<std::unique_ptr<Iterator>> MakeIterator(AnalysisPtr a, const IteratorContext& ctx) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -181,29 +182,128 @@ TEST(ParallelMapTest, BadParallelismIsInvalidArgument) {
 // when the element comes out, unless a Prefetch says which split it read
 // the element from) cannot tie its output to splits; and ops that count
 // across splits keep a service checkpoint from resuming.
-TEST(ParallelMapTest, AParallelMapLosesTheTieToSplits) {
+TEST(ParallelMapTest, AParallelMapKeepsTheTieToSplitsUnlessItReorders) {
   auto info = [](const Dataset& ds) {
     auto i = internal::FindSplitSource(ds.def().root());
     EXPECT_OK(i.status());
     return i.value_or(internal::SplitSourceInfo{});
   };
-  EXPECT_FALSE(info(Dataset::Range(10).Map(x + 1, 4)).tracked);
+  // A deterministic parallel Map reads ahead, tracked; a nondeterministic
+  // one reorders.
+  const auto parallel = info(Dataset::Range(10).Map(x + 1, 4));
+  EXPECT_TRUE(parallel.tracked);
+  EXPECT_TRUE(parallel.reads_ahead);
+  EXPECT_EQ(parallel.unresumable_op, nullptr);
   EXPECT_FALSE(info(Dataset::Range(10).Map(x + 1, 4, false)).tracked);
+  EXPECT_STREQ(info(Dataset::Range(10).Map(x + 1, 4, false)).unresumable_op, "Map");
   EXPECT_TRUE(info(Dataset::Range(10).Map(x + 1, 1, false)).tracked);
   EXPECT_EQ(info(Dataset::Range(10).Map(x + 1).Filter(x > 2)).unresumable_op, nullptr);
-  EXPECT_STREQ(info(Dataset::Range(10).Map(x + 1, 4)).unresumable_op, "Map");
-  // One Prefetch reads ahead, tracked; a second is not.
+  // Prefetches read ahead, tracked, one after the other too (tf.data's
+  // map(num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)).
   const auto prefetched = info(Dataset::Range(10).Filter(x > 2).Prefetch(4).Map(x + 1));
   EXPECT_EQ(prefetched.unresumable_op, nullptr);
   EXPECT_TRUE(prefetched.tracked);
   EXPECT_TRUE(prefetched.reads_ahead);
   EXPECT_FALSE(info(Dataset::Range(10).Map(x + 1)).reads_ahead);
-  const auto twice = info(Dataset::Range(10).Prefetch(2).Map(x + 1).Prefetch(2));
-  EXPECT_STREQ(twice.unresumable_op, "Prefetch");
-  EXPECT_FALSE(twice.tracked);
+  const auto stacked =
+      info(Dataset::Range(10).Prefetch(2).Map(x + 1, kAutotune).Prefetch(kAutotune));
+  EXPECT_EQ(stacked.unresumable_op, nullptr);
+  EXPECT_TRUE(stacked.tracked);
   EXPECT_STREQ(info(Dataset::Range(10).Take(4).Map(x + 1)).unresumable_op, "Take");
   EXPECT_TRUE(info(Dataset::Range(10).Take(4)).tracked);  // dedup still works
   EXPECT_STREQ(info(Dataset::Range(10).Batch(2).Shard(2, 0)).unresumable_op, "Shard");
+}
+
+// A split source that hands out [0, 5) and [5, 10), and ends the epoch (as
+// the dispatcher does) only once no read-ahead op holds an element of
+// them; it records each element a pipeline op took and released.
+class GatedSplits : public internal::SplitSource {
+ public:
+  int64_t BeginEpoch() override { return 0; }
+  absl::StatusOr<std::optional<internal::Split>> Next(int64_t) override {
+    absl::MutexLock l(&mu_);
+    if (handed_ < 2) {
+      internal::Split s;
+      s.id = handed_ + 1;
+      s.begin = 5 * handed_;
+      s.end = s.begin + 5;
+      ++handed_;
+      return std::optional<internal::Split>(s);
+    }
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_ == 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&settled), absl::Seconds(30))) {
+      return absl::DeadlineExceededError("the epoch never ended: elements stayed held");
+    }
+    return std::optional<internal::Split>();
+  }
+  bool EpochHadSplits(int64_t) override { return true; }
+  void ReadAhead(int64_t split) override {
+    if (split < 0) return;  // none
+    absl::MutexLock l(&mu_);
+    ++held_;
+    ++took_[split];
+    max_held_ = std::max(max_held_, held_);
+  }
+  void Released(int64_t split) override {
+    if (split < 0) return;
+    absl::MutexLock l(&mu_);
+    --held_;
+    ++released_[split];
+  }
+  int64_t max_held() {
+    absl::MutexLock l(&mu_);
+    return max_held_;
+  }
+  std::map<int64_t, int64_t> took() {
+    absl::MutexLock l(&mu_);
+    return took_;
+  }
+  std::map<int64_t, int64_t> released() {
+    absl::MutexLock l(&mu_);
+    return released_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t handed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0, max_held_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, int64_t> took_ ABSL_GUARDED_BY(mu_), released_ ABSL_GUARDED_BY(mu_);
+};
+
+// On a worker (distributed_epoch), a deterministic parallel Map and a
+// Prefetch read ahead of their output across split ends: each element
+// keeps the split it came from (ElementSplit, as the worker tags it), each
+// op says what it holds, and the parallel Map reads its input on a thread
+// of its own, so the consumer drains it while that thread waits for the
+// epoch's end (on the consumer's thread the epoch would never end).
+TEST(ParallelMapTest, OnSplitsItReadsAheadOnItsOwnThreadAndKeepsEachElementsSplit) {
+  for (const bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "Map(4).Prefetch(3)" : "Map(4)");
+    GatedSplits splits;
+    Dataset ds = Dataset::Range(10).Map(x * 10, 4);
+    if (prefetch) ds = ds.Prefetch(3);
+    ASSERT_OK(ds.status());
+    internal::IteratorContext ctx;
+    ctx.splits = &splits;
+    ASSERT_OK_AND_ASSIGN(auto it, internal::MakeNodeIterator(ds.rep()->analysis, ctx));
+    std::vector<int64_t> values, of_split;
+    WithHangGuard([&] {
+      while (true) {
+        auto e = it->Next();
+        ASSERT_OK(e.status());
+        if (!e->has_value()) break;
+        values.push_back((**e)[0].at<int64_t>(0));
+        of_split.push_back(it->ElementSplit());
+      }
+    });
+    EXPECT_THAT(values, ElementsAreArray({0, 10, 20, 30, 40, 50, 60, 70, 80, 90}));
+    EXPECT_THAT(of_split, ElementsAreArray({1, 1, 1, 1, 1, 2, 2, 2, 2, 2}));
+    EXPECT_GT(splits.max_held(), 1) << "nothing was read ahead";
+    // Each op took and released each element once.
+    const std::map<int64_t, int64_t> each = {{1, prefetch ? 10 : 5}, {2, prefetch ? 10 : 5}};
+    EXPECT_EQ(splits.took(), each);
+    EXPECT_EQ(splits.released(), each);
+  }
 }
 
 // tf.data: range(1,6).interleave(lambda v: repeat(v, 3), cycle_length=3,

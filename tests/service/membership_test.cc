@@ -192,7 +192,8 @@ TEST_P(MembershipTest, DispatcherRestartMidDistributedEpochEnds) {
 // fault-tolerant dispatcher is SIGKILLed too and restarted on its port
 // from its journal. Every epoch yields each element exactly once, and the
 // epochs go on after the kills stop (no hang: the watchdog fails the test);
-// every other epoch's pipeline has a Prefetch on the workers.
+// every other epoch's pipeline reads ahead on the workers (a parallel Map
+// and a Prefetch).
 TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNothing) {
   constexpr int64_t kN = 4000;
   constexpr int kWorkerKills = 6;
@@ -221,9 +222,11 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
   opt.dispatcher_timeout_ms = 30000;
   auto ds = Dataset::Range(kN).Map(expr::x * 3).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
-  // Every other epoch through a Prefetch on the workers, which reads ahead
-  // across split ends (SplitSource::ReadAhead): the same guarantee.
-  auto prefetched = Dataset::Range(kN).Map(expr::x * 3).Prefetch(8).Apply(Distribute(opt));
+  // Every other epoch through a parallel Map and a Prefetch on the
+  // workers, which read ahead across split ends (SplitSource::ReadAhead):
+  // the same guarantee.
+  auto prefetched =
+      Dataset::Range(kN).Map(expr::x * 3, kAutotune).Prefetch(8).Apply(Distribute(opt));
   ASSERT_OK(prefetched.status());
   std::vector<int64_t> expected(kN);
   for (int64_t i = 0; i < kN; ++i) expected[i] = 3 * i;

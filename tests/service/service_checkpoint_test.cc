@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <ostream>
 #include <string>
@@ -62,6 +63,8 @@ class CheckpointTest : public MultiProcessTest, public ::testing::WithParamInter
     opt.job_name = job_name;
     return Dataset::Range(kN).Map(expr::x * 3).Apply(Distribute(opt)).Map(expr::x + 1);
   }
+
+  void CheckResumesExactlyOnce(const std::function<Dataset()>& workers_part);
 
   // Reads `k` elements of `it` into `out`.
   static absl::Status Read(Iterator& it, int64_t k, std::vector<int64_t>* out) {
@@ -124,19 +127,38 @@ TEST_P(CheckpointTest, AConsumerResumesOnAFreshServiceWithFewerWorkersExactlyOnc
   watchdog.Disarm();
 }
 
-// A Prefetch on the workers reads ahead of what it returns, across split
-// ends; it tells the worker which split each element came from, so the
-// pipeline stays resumable: with Filters below and above it (a split's
-// elements dropped before and after the read-ahead), saved mid-epoch and
-// resumed on a fresh service with fewer workers, every element arrives
-// exactly once.
-TEST_P(CheckpointTest, APrefetchOnTheWorkersResumesExactlyOnce) {
-  Watchdog watchdog(absl::Seconds(180), "APrefetchOnTheWorkersResumes",
+// A Prefetch or a parallel Map on the workers reads ahead of what it
+// returns, across split ends; each element keeps the split it came from,
+// so the pipeline stays resumable: with Filters below and above them (a
+// split's elements dropped before and after the read-ahead), saved
+// mid-epoch and resumed on a fresh service with fewer workers, every
+// element arrives exactly once. The second pipeline is tf.data's idiom,
+// map(num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE), with a Prefetch
+// below it too.
+TEST_P(CheckpointTest, ReadAheadOpsOnTheWorkersResumeExactlyOnce) {
+  Watchdog watchdog(absl::Seconds(240), "ReadAheadOpsOnTheWorkersResume",
                     [this] { KillAllChildren(); });
-  auto workers_part = [] {
-    return Dataset::Range(kN).Filter(expr::x % 7 != 3).Prefetch(16).Map(expr::x * 3).Filter(
-        expr::x % 5 != 0);
-  };
+  for (const bool parallel_map : {false, true}) {
+    SCOPED_TRACE(parallel_map ? "a parallel Map and Prefetches" : "a Prefetch");
+    CheckResumesExactlyOnce([parallel_map] {
+      if (parallel_map) {
+        return Dataset::Range(kN)
+            .Filter(expr::x % 7 != 3)
+            .Prefetch(4)
+            .Map(expr::x * 3, kAutotune)
+            .Filter(expr::x % 5 != 0)
+            .Prefetch(kAutotune);
+      }
+      return Dataset::Range(kN).Filter(expr::x % 7 != 3).Prefetch(16).Map(expr::x * 3).Filter(
+          expr::x % 5 != 0);
+    });
+  }
+  watchdog.Disarm();
+}
+
+// `workers_part` before Distribute, saved after 0 and 700 elements and
+// resumed on a fresh service with fewer workers: exactly once.
+void CheckpointTest::CheckResumesExactlyOnce(const std::function<Dataset()>& workers_part) {
   std::vector<int64_t> expected;  // the same pipeline, run here
   ASSERT_OK_AND_ASSIGN(auto local, workers_part().Map(expr::x + 1).MakeIterator());
   ASSERT_OK(Drain(*local, &expected));
@@ -166,7 +188,6 @@ TEST_P(CheckpointTest, APrefetchOnTheWorkersResumesExactlyOnce) {
     ASSERT_OK(Drain(*resumed, &values));
     ExpectExactlyOnce(values, expected);
   }
-  watchdog.Disarm();
 }
 
 // A job preempted twice: the resumed iteration saves again (once at once,
@@ -299,14 +320,14 @@ TEST_P(CheckpointTest, UnsavablePositionsAndBadCheckpointsAreClearErrors) {
     EXPECT_TRUE(absl::IsUnimplemented(s.status())) << s.status();
     EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr("Batch"));
   }
-  // Ops that count across splits, or read ahead across them, refuse
-  // before any element was read.
+  // Ops that count across splits, or reorder across them, refuse before
+  // any element was read.
   for (const auto& [name, ds] :
        std::vector<std::pair<std::string, Dataset>>{
            {"Take", Dataset::Range(10).Take(5)},
            {"Shard", Dataset::Range(10).Shard(2, 0)},
-           {"Map", Dataset::Range(10).Map(expr::x * 2, 4)},
-           {"Prefetch", Dataset::Range(10).Prefetch(2).Prefetch(2)}}) {
+           {"Map", Dataset::Range(10).Map(expr::x * 2, 4, /*deterministic=*/false)},
+           {"Batch", Dataset::Range(10).Prefetch(2).Batch(2).Prefetch(2)}}) {
     ASSERT_OK_AND_ASSIGN(auto it, ds.Apply(Distribute(opt)).MakeIterator());
     auto s = it->Save();
     EXPECT_TRUE(absl::IsUnimplemented(s.status())) << name << ": " << s.status();

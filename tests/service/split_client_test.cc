@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -67,7 +68,8 @@ class SplitClientTest : public ::testing::Test {
     EXPECT_OK(split.status());
     if (!split.ok() || !split->has_value()) return -1;
     for (int64_t i = (*split)->begin; i < (*split)->end; ++i) {
-      const SplitClient::Tagged tag = splits.Tag();
+      // The element's split, as the pipeline's root says (ElementSplit).
+      const SplitClient::Tagged tag = splits.Tag((*split)->id);
       const int64_t id = tag.position.split_id;
       EXPECT_EQ(id, (*split)->id);
       EXPECT_EQ(tag.position.index, i - (*split)->begin);
@@ -122,17 +124,17 @@ TEST_F(SplitClientTest, UntrackedSplitCompletesWhenReadToTheEnd) {
     auto split = splits.Next(0);
     ASSERT_OK(split.status());
     ASSERT_TRUE(split->has_value());
-    EXPECT_EQ(splits.Tag().position.split_id, -1);
+    EXPECT_EQ(splits.Tag((*split)->id).position.split_id, -1);
   }
   auto end = splits.Next(0);
   ASSERT_OK(end.status());
   EXPECT_FALSE(end->has_value());
 }
 
-// A Prefetch on the workers reads ahead: both splits are read to the end
-// (the source waits for the epoch's end) while their elements are still
-// inside the pipeline. A split completes only once each of its elements
-// came out of the Prefetch, the pipeline asked for the next (Settled), and
+// A read-ahead op on the workers (a Prefetch, a parallel Map): both splits
+// are read to the end (the source waits for the epoch's end) while their
+// elements are still inside the pipeline. A split completes only once the
+// op released each of its elements (the pipeline asked for the next), and
 // a client acknowledged what was tagged: acknowledging two elements of
 // three must not complete it.
 TEST_F(SplitClientTest, AReadAheadSplitCompletesOnlyOnceItsElementsLeftThePipeline) {
@@ -144,22 +146,22 @@ TEST_F(SplitClientTest, AReadAheadSplitCompletesOnlyOnceItsElementsLeftThePipeli
     ASSERT_OK(split.status());
     ASSERT_TRUE(split->has_value());
     ids.push_back((*split)->id);
-    for (int64_t i = (*split)->begin; i < (*split)->end; ++i) {
-      EXPECT_EQ(splits.ReadAhead(), (*split)->id);
-    }
+    // The read-ahead op takes the split's elements.
+    for (int64_t i = (*split)->begin; i < (*split)->end; ++i) splits.ReadAhead((*split)->id);
   }
   absl::Notification ended;
   std::optional<absl::StatusOr<std::optional<Split>>> last;
-  std::thread reader([&] {  // the Prefetch's producer, at the epoch's end
+  std::thread reader([&] {  // the op's input thread, at the epoch's end
     last = splits.Next(0);
     ended.Notify();
   });
-  // The Prefetch returns `n` elements of `split`; each is tagged and sent.
+  // The op returns `n` elements of `split` (releasing each one before
+  // when asked for the next); each is tagged and sent.
+  int64_t returned = -1;
   auto emit = [&](int64_t split, int64_t first_index, int n) {
     for (int i = 0; i < n; ++i) {
-      splits.Settled();
-      splits.Emitting(split);
-      const SplitClient::Tagged tag = splits.Tag();
+      splits.Released(std::exchange(returned, split));
+      const SplitClient::Tagged tag = splits.Tag(split);
       EXPECT_EQ(tag.position.split_id, split);
       EXPECT_EQ(tag.position.index, first_index + i);
       EXPECT_FALSE(tag.skip);
@@ -170,14 +172,14 @@ TEST_F(SplitClientTest, AReadAheadSplitCompletesOnlyOnceItsElementsLeftThePipeli
   splits.Acked(ids[1], 3);
   emit(ids[0], 0, 2);
   splits.Acked(ids[0], 2);
-  splits.Settled();
+  splits.Released(std::exchange(returned, -1));
   EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(500)))
       << "the epoch ended with an element of split " << ids[0] << " still read ahead";
   emit(ids[0], 2, 1);
   splits.Acked(ids[0], 1);
   EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
-      << "the epoch ended before the pipeline settled the last element";
-  splits.Settled();
+      << "the epoch ended while the op still held the last element";
+  splits.Released(std::exchange(returned, -1));
   EXPECT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
   reader.join();
   ASSERT_TRUE(last.has_value());
@@ -217,7 +219,7 @@ TEST_F(ResumedSplitClientTest, AResumedSplitSkipsWhatWasDeliveredAndStillComplet
   EXPECT_EQ((*split)->end, 6);
   std::vector<bool> skipped;
   for (int i = 0; i < 3; ++i) {
-    const SplitClient::Tagged t = splits.Tag();
+    const SplitClient::Tagged t = splits.Tag((*split)->id);
     EXPECT_EQ(t.position.index, i);
     skipped.push_back(t.skip);
     if (!t.skip) splits.Sent(t.position.split_id);
