@@ -80,8 +80,6 @@ class ParallelMapIterator : public UnaryIterator {
     // idles while the consumer takes a result.
     parallelism_ = ResolveParallelism(m.num_parallel_calls()) * (autotune_ ? 2 : 1);
     deterministic_ = !m.nondeterministic();
-    // The input thread keeps calls on the pool.
-    decided_ = splits_ != nullptr;
     st_->fn = a_->fn;
   }
   ~ParallelMapIterator() override {
@@ -204,8 +202,9 @@ class ParallelMapIterator : public UnaryIterator {
     std::atomic<bool> finished{false};
   };
 
-  // A call of fn on the input element just read (`e`), scheduled.
-  std::shared_ptr<Call> StartCall(Element e) {
+  // A call of fn on the input element just read (`e`), scheduled (or, with
+  // `here`, run on this thread).
+  std::shared_ptr<Call> StartCall(Element e, bool here = false) {
     auto call = std::make_shared<Call>();
     call->key = in_->ElementKey();
     if (splits_ != nullptr) call->split = in_->ElementSplit();
@@ -225,7 +224,11 @@ class ParallelMapIterator : public UnaryIterator {
           absl::MutexLock l(&st->mu);
           call->finished.store(true, std::memory_order_release);
         });
-    Schedule(call->task);
+    if (here) {
+      call->task->TryRun();
+    } else {
+      Schedule(call->task);
+    }
     return call;
   }
 
@@ -250,7 +253,8 @@ class ParallelMapIterator : public UnaryIterator {
   }
 
   // The input thread (reading splits): keeps `parallelism_` calls in the
-  // window; each call's split is held from here until released.
+  // window; each call's split is held from here until released. Once
+  // kAutotune chose to run calls inline, it runs them itself.
   void Read() ABSL_LOCKS_EXCLUDED(mu_) {
     auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop_ || static_cast<int64_t>(window_.size()) < parallelism_;
@@ -267,7 +271,8 @@ class ParallelMapIterator : public UnaryIterator {
         return InputEndedLocked(e);
       }
       splits_->ReadAhead(in_->ElementSplit());
-      std::shared_ptr<Call> call = StartCall(std::move(**e));
+      std::shared_ptr<Call> call = StartCall(std::move(**e), inline_);
+      if (autotune_ && !decided_) Autotune();
       absl::MutexLock l(&mu_);
       window_.push_back(std::move(call));
     }
@@ -350,6 +355,7 @@ class ParallelMapIterator : public UnaryIterator {
     InputEndedLocked(End());
   }
 
+  // The consumer's thread decides, or the input thread when there is one.
   void Autotune() {
     if (st_->calls.load() < kAutotuneSampleCalls) return;
     decided_ = true;
