@@ -461,13 +461,6 @@ absl::Status DispatcherImpl::GetOrCreateIteration(const proto::GetOrCreateIterat
       absl::MutexLock l(&mu_);
       SLUICE_RETURN_IF_ERROR(CheckIterationRequest(state_, req));
       const Job& job = state_.jobs().at(req.job_id());
-      if (req.has_resume() && job.num_consumers > 0) {
-        SLUICE_RETURN_IF_ERROR(CoordinatedRounds::CheckResume(req.resume(), job.num_consumers));
-      } else if (req.has_resume() && job.mode != proto::DISTRIBUTED_EPOCH) {
-        return absl::InvalidArgumentError(
-            "GetOrCreateIteration: only a distributed_epoch or coordinated-reads iteration "
-            "resumes from a service checkpoint");
-      }
       if (job.mode != proto::DISTRIBUTED_EPOCH || job.iteration_by_repetition.count(req.repetition())) {
         return GetOrCreateIterationLocked(req, nullptr, resp);
       }
@@ -499,19 +492,6 @@ absl::Status DispatcherImpl::GetOrCreateIterationLocked(
     iteration_id = existing->second;
     const Iteration& it = state_.iterations().at(iteration_id);
     SLUICE_RETURN_IF_ERROR(CheckJoin(job, it, req, config_.job_gc_timeout_ms));
-    if (req.has_resume() && job.num_consumers > 0 && req.resume().round() != it.first_round) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job.name, "' already has iteration ", req.repetition(), ", started at round ",
-          it.first_round, "; this consumer's checkpoint is at round ", req.resume().round(),
-          ": every consumer must restore checkpoints of the same training step (merge them)"));
-    }
-    if (req.has_resume() && job.num_consumers == 0 &&
-        (it.splits == nullptr || !it.splits->ResumesFrom(req.resume()))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job.name, "' already has iteration ", req.repetition(),
-          ", not created from this checkpoint: resume into a job that does not exist yet (a "
-          "new job_name), with every consumer restoring the same merged checkpoint"));
-    }
     // LOCAL: the first consumer on this host brings tasks on its workers.
     task_policy_.ForNewHost(it, req.host_id(), &rec);
   } else {

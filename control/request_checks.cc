@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
+#include "sluice/control/coordinated_rounds.h"
+#include "sluice/control/split_provider.h"
 #include "sluice/core/status.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/dataset_internal.h"
@@ -316,6 +318,13 @@ absl::Status CheckIterationRequest(const DispatcherState& state,
         "GetOrCreateIteration: consumer_index ", req.consumer_index(), " is not in [0, ",
         job.num_consumers, ") for job '", job.name, "'"));
   }
+  if (req.has_resume() && job.num_consumers > 0) {
+    SLUICE_RETURN_IF_ERROR(CoordinatedRounds::CheckResume(req.resume(), job.num_consumers));
+  } else if (req.has_resume() && job.mode != proto::DISTRIBUTED_EPOCH) {
+    return absl::InvalidArgumentError(
+        "GetOrCreateIteration: only a distributed_epoch or coordinated-reads iteration "
+        "resumes from a service checkpoint");
+  }
   if (job.target_workers != proto::TARGET_WORKERS_LOCAL) return absl::OkStatus();
   // As tf.data, a consumer reading only local workers needs one.
   std::set<std::string> hosts;
@@ -343,6 +352,19 @@ absl::Status CheckJoin(const DispatcherState::Job& job, const DispatcherState::I
         "consumer_index ", req.consumer_index(), " of job '", job.name,
         "' is already reading iteration ", req.repetition(),
         "; every consumer needs its own index"));
+  }
+  if (req.has_resume() && job.num_consumers > 0 && req.resume().round() != it.first_round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.name, "' already has iteration ", req.repetition(), ", started at round ",
+        it.first_round, "; this consumer's checkpoint is at round ", req.resume().round(),
+        ": every consumer must restore checkpoints of the same training step (merge them)"));
+  }
+  if (req.has_resume() && job.num_consumers == 0 &&
+      (it.splits == nullptr || !it.splits->ResumesFrom(req.resume()))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.name, "' already has iteration ", req.repetition(),
+        ", not created from this checkpoint: resume into a job that does not exist yet (a "
+        "new job_name), with every consumer restoring the same merged checkpoint"));
   }
   return absl::OkStatus();
 }

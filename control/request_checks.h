@@ -80,13 +80,17 @@ absl::StatusOr<proto::CreateJobUpdate> ResolveJob(const proto::DatasetDef& def,
                                                   const proto::GetOrCreateJobRequest& req,
                                                   int64_t num_shards);
 // GetOrCreateIteration: a repetition >= 0 of a job that exists, a
-// consumer_index in [0, num_consumers) under coordinated reads, and, under
-// target_workers=LOCAL, a worker registered from the consumer's host.
+// consumer_index in [0, num_consumers) under coordinated reads, a service
+// checkpoint to resume from only for distributed_epoch or coordinated reads
+// (and a valid one for the latter), and, under target_workers=LOCAL, a
+// worker registered from the consumer's host.
 absl::Status CheckIterationRequest(const DispatcherState& state,
                                    const proto::GetOrCreateIterationRequest& req);
 // GetOrCreateIteration joining iteration `it` that exists: not collected
-// before it finished (after `job_gc_timeout_ms` without clients), and no
-// other client reads it as the same consumer.
+// before it finished (after `job_gc_timeout_ms` without clients), no
+// other client reads it as the same consumer, and a consumer resuming from a
+// checkpoint joins only the iteration made from that checkpoint (the same
+// round under coordinated reads, the same splits under distributed_epoch).
 absl::Status CheckJoin(const DispatcherState::Job& job, const DispatcherState::Iteration& it,
                        const proto::GetOrCreateIterationRequest& req, int64_t job_gc_timeout_ms);
 
