@@ -24,7 +24,8 @@
 // minus the wait is how late the dispatcher answered ("lateness"); a GetSplit
 // that handed out a split was not held at all.
 // The calls/s rows run RegisterDataset, GetOrCreateIteration and GetSplit
-// in closed loops from 1 and 64 threads against a fresh dispatcher each.
+// in closed loops, 1 and 64 calls in flight (callback API: no thread per
+// caller), against a fresh dispatcher each.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -152,6 +153,26 @@ absl::StatusOr<std::pair<int, std::string>> ListenSocket() {
 }
 
 // ---- measurements ---------------------------------------------------------------
+
+// One call through gRPC's callback API: `done(status, request, response,
+// round-trip ms)` runs on a gRPC thread when it completes.
+template <typename Req, typename Resp, typename Issue, typename Done>
+void CallAsync(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done done) {
+  struct State {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+    SteadyClock::time_point start;
+  };
+  auto* c = new State;
+  c->req = std::move(req);
+  SetDeadline(&c->ctx, timeout);
+  c->start = SteadyClock::now();
+  issue(stub->async(), &c->ctx, &c->req, &c->resp, [c, done](grpc::Status s) {
+    done(s, c->req, c->resp, MsSince(c->start));
+    delete c;
+  });
+}
 
 class Latencies {
  public:
@@ -335,22 +356,12 @@ class Fleet {
 
 template <typename Req, typename Resp, typename Issue, typename Done>
 void Fleet::Call(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done done) {
-  struct State {
-    grpc::ClientContext ctx;
-    Req req;
-    Resp resp;
-    SteadyClock::time_point start;
-  };
-  auto* c = new State;
-  c->req = std::move(req);
-  SetDeadline(&c->ctx, timeout);
-  c->start = SteadyClock::now();
   in_flight_++;
-  issue(stub->async(), &c->ctx, &c->req, &c->resp, [this, c, done](grpc::Status s) {
-    done(s, c->req, c->resp, MsSince(c->start));
-    delete c;
-    in_flight_--;
-  });
+  CallAsync<Req, Resp>(stub, issue, std::move(req), timeout,
+                       [this, done](const grpc::Status& s, const Req& q, const Resp& r, double ms) {
+                         done(s, q, r, ms);
+                         in_flight_--;
+                       });
 }
 
 void Fleet::Failed(const grpc::Status& s, const char* what) {
@@ -598,8 +609,8 @@ struct RateRow {
   std::string error;
 };
 
-// Calls one op in closed loops from `callers` threads for `seconds` against
-// a fresh dispatcher.
+// Calls one op in `callers` concurrent closed loops for `seconds` against a
+// fresh dispatcher.
 RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std::string& op,
                 int callers, double seconds) {
   RateRow row;
@@ -704,53 +715,102 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
   const auto start = SteadyClock::now();
   const auto end = start + std::chrono::duration_cast<SteadyClock::duration>(
                                std::chrono::duration<double>(seconds));
-  std::vector<std::thread> threads;
-  for (int c = 0; c < callers; ++c) {
-    threads.emplace_back([&, c] {
-      Stub* stub = stub_for(c);
-      int64_t k = 0, held = -1;
-      while (SteadyClock::now() < end) {
-        grpc::ClientContext ctx;
-        SetDeadline(&ctx, absl::Seconds(30));
-        const auto t0 = SteadyClock::now();
-        grpc::Status s;
-        if (op == "RegisterDataset") {
-          proto::RegisterDatasetRequest req;
-          *req.mutable_dataset() = Dataset::Range(1000 + c * int64_t{100000000} + k).def();
-          proto::RegisterDatasetResponse resp;
-          s = stub->RegisterDataset(&ctx, req, &resp);
-        } else if (op == "GetOrCreateIteration") {
-          proto::GetOrCreateIterationRequest req;
-          req.set_job_id(jobs[static_cast<size_t>(c)]);
-          req.set_repetition(k);
-          req.set_consumer_index(-1);
-          proto::GetOrCreateIterationResponse resp;
-          s = stub->GetOrCreateIteration(&ctx, req, &resp);
-        } else {
-          // A worker's fetch that reports the split it finished: one split
-          // completed and one created per call.
-          proto::GetSplitRequest req;
-          req.set_worker_address(worker_address);
-          req.set_task_id(tasks[static_cast<size_t>(c)]);
-          req.set_epoch(0);
-          if (held >= 0) req.add_completed_splits(held);
-          proto::GetSplitResponse resp;
-          s = stub->GetSplit(&ctx, req, &resp);
-          if (s.ok()) held = resp.has_split() ? resp.split().split_id() : -1;
-        }
-        ++k;
-        if (!s.ok()) {
-          errors++;
-          absl::MutexLock l(&err_mu);
-          last_error = s.error_message();
-          continue;
-        }
-        calls++;
-        lat.Add(MsSince(t0));
-      }
-    });
+  // `callers` chains of calls through the callback API, each issuing its
+  // next call when the last one completes (closed loops without a thread
+  // per caller: the simulated callers cost little of the cpus the
+  // dispatcher shares with them).
+  struct Chains {
+    absl::Mutex mu;
+    int running ABSL_GUARDED_BY(mu) = 0;
+  };
+  // Shared with the callbacks: the last one may still unlock it after
+  // this thread saw the count reach zero.
+  auto chains = std::make_shared<Chains>();
+  {
+    absl::MutexLock l(&chains->mu);
+    chains->running = callers;
   }
-  for (auto& t : threads) t.join();
+  std::function<void(int, int64_t, int64_t)> next;  // caller, call index, split held
+  auto completed = [&](const grpc::Status& s, double ms) {
+    if (!s.ok()) {
+      errors++;
+      absl::MutexLock l(&err_mu);
+      last_error = s.error_message();
+      return;
+    }
+    calls++;
+    lat.Add(ms);
+  };
+  next = [&](int c, int64_t k, int64_t held) {
+    if (SteadyClock::now() >= end) {
+      std::shared_ptr<Chains> held_chains = chains;
+      absl::MutexLock l(&held_chains->mu);
+      --held_chains->running;
+      return;
+    }
+    Stub* stub = stub_for(c);
+    if (op == "RegisterDataset") {
+      proto::RegisterDatasetRequest req;
+      *req.mutable_dataset() = Dataset::Range(1000 + c * int64_t{100000000} + k).def();
+      CallAsync<proto::RegisterDatasetRequest, proto::RegisterDatasetResponse>(
+          stub,
+          [](Stub::async_interface* a, grpc::ClientContext* ctx,
+             const proto::RegisterDatasetRequest* q, proto::RegisterDatasetResponse* r,
+             std::function<void(grpc::Status)> f) { a->RegisterDataset(ctx, q, r, std::move(f)); },
+          std::move(req), absl::Seconds(30),
+          [&, c, k](const grpc::Status& st, const proto::RegisterDatasetRequest&,
+                    const proto::RegisterDatasetResponse&, double ms) {
+            completed(st, ms);
+            next(c, k + 1, -1);
+          });
+    } else if (op == "GetOrCreateIteration") {
+      proto::GetOrCreateIterationRequest req;
+      req.set_job_id(jobs[static_cast<size_t>(c)]);
+      req.set_repetition(k);
+      req.set_consumer_index(-1);
+      CallAsync<proto::GetOrCreateIterationRequest, proto::GetOrCreateIterationResponse>(
+          stub,
+          [](Stub::async_interface* a, grpc::ClientContext* ctx,
+             const proto::GetOrCreateIterationRequest* q, proto::GetOrCreateIterationResponse* r,
+             std::function<void(grpc::Status)> f) {
+            a->GetOrCreateIteration(ctx, q, r, std::move(f));
+          },
+          std::move(req), absl::Seconds(30),
+          [&, c, k](const grpc::Status& st, const proto::GetOrCreateIterationRequest&,
+                    const proto::GetOrCreateIterationResponse&, double ms) {
+            completed(st, ms);
+            next(c, k + 1, -1);
+          });
+    } else {
+      // A worker's fetch that reports the split it finished: one split
+      // completed and one created per call.
+      proto::GetSplitRequest req;
+      req.set_worker_address(worker_address);
+      req.set_task_id(tasks[static_cast<size_t>(c)]);
+      req.set_epoch(0);
+      if (held >= 0) req.add_completed_splits(held);
+      CallAsync<proto::GetSplitRequest, proto::GetSplitResponse>(
+          stub,
+          [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::GetSplitRequest* q,
+             proto::GetSplitResponse* r, std::function<void(grpc::Status)> f) {
+            a->GetSplit(ctx, q, r, std::move(f));
+          },
+          std::move(req), absl::Seconds(30),
+          [&, c, k, held](const grpc::Status& st, const proto::GetSplitRequest&,
+                          const proto::GetSplitResponse& r, double ms) {
+            completed(st, ms);
+            const int64_t now_held =
+                !st.ok() ? held : r.has_split() ? r.split().split_id() : -1;
+            next(c, k + 1, now_held);
+          });
+    }
+  };
+  for (int c = 0; c < callers; ++c) next(c, 0, -1);
+  {
+    absl::MutexLock l(&chains->mu);
+    chains->mu.Await(absl::Condition(
+        +[](Chains* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->running == 0; }, chains.get()));
+  }
   const double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
   const Usage u1 = ReadUsage(*d);
   done = true;
