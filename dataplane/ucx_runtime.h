@@ -4,10 +4,14 @@
 // Progress model (one per UcxWorker): a dedicated progress thread owns the
 // ucp_worker. Every UCX call on that worker (endpoint creation, sends,
 // receives, AM handlers, completion callbacks) runs on that thread. Other
-// threads hand it work with Post(), which queues a closure and wakes the
-// thread with ucp_worker_signal(). The thread drains ucp_worker_progress(),
-// then arms the worker (ucp_worker_arm; UCS_ERR_BUSY means more events:
-// progress again) and sleeps in poll() on the worker's event fd. With
+// threads hand it work with Post(), which queues a closure and, only when
+// the thread sleeps, wakes it through an eventfd of its own. The thread
+// drains ucp_worker_progress(), then arms the worker (ucp_worker_arm;
+// UCS_ERR_BUSY means more events: progress again) and sleeps in poll() on
+// the worker's event fd and its own. (Waking it with ucp_worker_signal
+// instead left the signal in UCX's event fd for ucp_worker_arm to find
+// after the posted work ran: a second drain of every interface, two
+// epoll_waits per tcp interface, for each request a client sent.) With
 // busy_poll it never sleeps (lowest latency, one core spent).
 #pragma once
 
@@ -107,21 +111,31 @@ class Worker final {
   // every 100 ms (timers: request deadlines, retries). It must be cheap.
   void AddTick(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
   bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Times the thread's sleep ran out with work posted meanwhile: a Post
+  // that did not wake it (0 unless the wake-up logic is broken).
+  int64_t missed_wakeups() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return missed_wakeups_;
+  }
   // Only on the progress thread.
   ucp_worker_h handle() const { return h_; }
   const std::shared_ptr<Context>& context() const { return ctx_; }
 
  private:
-  Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, bool busy_poll)
-      : ctx_(std::move(ctx)), h_(h), efd_(efd), busy_poll_(busy_poll) {}
+  Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, int post_fd, bool busy_poll)
+      : ctx_(std::move(ctx)), h_(h), efd_(efd), post_fd_(post_fd), busy_poll_(busy_poll) {}
   void Loop();
+  void WakeProgressThread();  // any thread
 
   std::shared_ptr<Context> ctx_;
   ucp_worker_h h_;
-  int efd_;
+  int efd_;      // UCX's (ucp_worker_get_efd)
+  int post_fd_;  // an eventfd: Post and stop wake the sleeping thread
   bool busy_poll_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;  // between its last look at posted_ and waking
+  int64_t missed_wakeups_ ABSL_GUARDED_BY(mu_) = 0;
   // Replaced (not changed) by AddTick, so a loop pass copies a pointer.
   std::shared_ptr<const std::vector<std::function<void()>>> ticks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -381,8 +381,25 @@ TEST(UcxFallbackTest, UnreachableUcxFallsBackOrFailsAsConfigured) {
   }
 }
 
-// A reply announcing more than the client's max_element_bytes is refused
-// before anything is allocated for it.
+// Work posted from another thread while the progress thread sleeps wakes
+// it: none of it waits for the sleep's 100 ms bound to run out.
+TEST(UcxWorkerTest, PostWakesTheSleepingProgressThread) {
+  namespace ucx = internal::ucx;
+  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
+  ASSERT_OK_AND_ASSIGN(auto worker, ucx::Worker::Create(ctx, /*busy_poll=*/false));
+  int ran = 0;
+  for (int i = 0; i < 30; ++i) {
+    absl::SleepFor(absl::Milliseconds(3));  // long enough for it to go to sleep
+    worker->Run([&] { ++ran; });
+  }
+  // Posts from the progress thread itself run on its next pass, unwoken.
+  absl::Notification chained;
+  worker->Post([&] { worker->Post([&] { chained.Notify(); }); });
+  chained.WaitForNotification();
+  EXPECT_EQ(ran, 30);
+  EXPECT_EQ(worker->missed_wakeups(), 0);
+}
+
 // A request of another protocol version (here version 3, whose header was
 // 64 bytes) gets an explicit error reply naming both versions; it is
 // never served (nor misread as the current layout).
@@ -500,6 +517,8 @@ TEST(UcxSilenceTest, AConnectionThatLeavesARequestUnansweredIsReplaced) {
   EXPECT_GE(after.ucx_endpoints_connected - before.ucx_endpoints_connected, 2);
 }
 
+// A reply announcing more than the client's max_element_bytes is refused
+// before anything is allocated for it.
 TEST(UcxLimitTest, OversizedReplyIsRefusedWithAClearError) {
   auto server = StartServer([](const ElementRequest&) {
     ServedBatch out;
