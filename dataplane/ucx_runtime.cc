@@ -261,8 +261,41 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> 
   w->thread_ = std::thread([raw, on_start = std::move(on_start)] {
     if (on_start) on_start();
     raw->Loop();
+    raw->loop_left_.Notify();
   });
   return w;
+}
+
+namespace {
+// At exit, before the libraries' own finalizers: the shared worker's
+// progress thread stops making UCX calls (see Worker::Shared).
+void StopSharedWorkerAtExit() {
+  std::shared_ptr<Worker> w;
+  {
+    absl::MutexLock l(&g_shared_worker_mu);
+    if (g_shared_worker != nullptr) w = *g_shared_worker;
+  }
+  if (w != nullptr) w->StopForExit();
+}
+}  // namespace
+
+void Worker::StopForExit() {
+  if (OnProgressThread()) return;  // exit() called from a callback: nothing to wait for
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  WakeProgressThread();
+  // Bounded: an exit never hangs on it (a callback blocked on a lock some
+  // frozen thread holds); past it the process exits as it would have.
+  if (loop_left_.WaitForNotificationWithTimeout(absl::Seconds(2)) && thread_.joinable()) {
+    thread_.join();  // it is returning
+  }
+}
+
+bool Worker::SharedLoopRunning() {
+  absl::MutexLock l(&g_shared_worker_mu);
+  return g_shared_worker != nullptr && !(*g_shared_worker)->loop_left_.HasBeenNotified();
 }
 
 absl::StatusOr<std::shared_ptr<Worker>> Worker::Shared(std::function<void()> on_start) {
@@ -272,6 +305,12 @@ absl::StatusOr<std::shared_ptr<Worker>> Worker::Shared(std::function<void()> on_
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Worker> w,
                           Create(std::move(ctx), BusyPollFromEnv(), std::move(on_start)));
   g_shared_worker = new std::shared_ptr<Worker>(std::move(w));
+  // The shared worker lives for the process, so its thread would still be
+  // progressing UCX while exit() runs the libraries' finalizers: libucm's
+  // removes the malloc hooks a UCX call on that thread was using, and the
+  // process died of SIGSEGV after main returned (a trainer's job would be
+  // marked failed). Handlers registered now run before those finalizers.
+  std::atexit(StopSharedWorkerAtExit);
   return *g_shared_worker;
 }
 

@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 namespace sluice::internal::ucx {
 
@@ -101,6 +102,13 @@ class Worker final {
   // ucx_stress_test.cc reproduces it with a worker per server.
   static absl::StatusOr<std::shared_ptr<Worker>> Shared(std::function<void()> on_start = {});
   ~Worker();  // stops and joins the progress thread, then destroys the worker
+  // Stops the progress thread (no UCX call runs on it after this returns,
+  // unless it was stuck for 2 s) and keeps the worker. Run at exit for the
+  // shared worker.
+  void StopForExit() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the shared worker exists and its progress thread still runs
+  // (tests: it has stopped once the process's exit handlers ran).
+  static bool SharedLoopRunning();
 
   // Runs `fn` on the progress thread (soon). Safe from any thread; after
   // the worker stopped, `fn` is dropped.
@@ -140,6 +148,7 @@ class Worker final {
   std::shared_ptr<const std::vector<std::function<void()>>> ticks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+  absl::Notification loop_left_;  // the progress thread makes no more UCX calls
 };
 
 // Progress thread only: installs an active-message handler on `worker`.

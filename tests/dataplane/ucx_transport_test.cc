@@ -517,6 +517,33 @@ TEST(UcxSilenceTest, AConnectionThatLeavesARequestUnansweredIsReplaced) {
   EXPECT_GE(after.ucx_endpoints_connected - before.ucx_endpoints_connected, 2);
 }
 
+// The shared progress thread has stopped by the time the libraries' own
+// finalizers run at exit (it was still inside UCX calls there, and an
+// exiting process died of SIGSEGV in libucm's finalizer now and then). A
+// handler registered before the shared worker runs after sluice's.
+TEST(UcxWorkerTest, TheSharedProgressThreadStopsBeforeTheLibrariesFinalize) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::atexit([] {
+          if (internal::ucx::Worker::SharedLoopRunning()) std::_Exit(3);
+        });
+        auto server = StartServer([](const ElementRequest&) {
+          ServedBatch out;
+          auto f = internal::EncodeServedFrame({Pattern(1000, 3)}, internal::HeapFrameAllocator());
+          if (!f.ok()) return absl::StatusOr<ServedBatch>(f.status());
+          out.frames.push_back(*std::move(f));
+          return absl::StatusOr<ServedBatch>(out);
+        });
+        if (!server.ok()) std::_Exit(4);
+        auto t = MakeUcxElementTransport((*server)->address());
+        if (!t.ok() || !(*t)->GetElement(ElementRequest()).ok()) std::_Exit(5);
+        if (!internal::ucx::Worker::SharedLoopRunning()) std::_Exit(6);
+        std::exit(0);  // the server and the endpoint still open
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 // A reply announcing more than the client's max_element_bytes is refused
 // before anything is allocated for it.
 TEST(UcxLimitTest, OversizedReplyIsRefusedWithAClearError) {
