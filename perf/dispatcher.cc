@@ -154,10 +154,17 @@ absl::StatusOr<std::pair<int, std::string>> ListenSocket() {
 
 // ---- measurements ---------------------------------------------------------------
 
+// A DispatcherService method of the stub's callback API, e.g.
+// &Stub::async_interface::GetSplit.
+template <typename Req, typename Resp>
+using AsyncMethod = void (Stub::async_interface::*)(grpc::ClientContext*, const Req*, Resp*,
+                                                    std::function<void(grpc::Status)>);
+
 // One call through gRPC's callback API: `done(status, request, response,
 // round-trip ms)` runs on a gRPC thread when it completes.
-template <typename Req, typename Resp, typename Issue, typename Done>
-void CallAsync(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done done) {
+template <typename Req, typename Resp, typename Done>
+void CallAsync(Stub* stub, AsyncMethod<Req, Resp> method, Req req, absl::Duration timeout,
+               Done done) {
   struct State {
     grpc::ClientContext ctx;
     Req req;
@@ -168,7 +175,7 @@ void CallAsync(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done do
   c->req = std::move(req);
   SetDeadline(&c->ctx, timeout);
   c->start = SteadyClock::now();
-  issue(stub->async(), &c->ctx, &c->req, &c->resp, [c, done](grpc::Status s) {
+  (stub->async()->*method)(&c->ctx, &c->req, &c->resp, [c, done](grpc::Status s) {
     done(s, c->req, c->resp, MsSince(c->start));
     delete c;
   });
@@ -329,8 +336,9 @@ class Fleet {
   Latencies worker_late, client_late, get_split, report;
 
  private:
-  template <typename Req, typename Resp, typename Issue, typename Done>
-  void Call(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done done);
+  template <typename Req, typename Resp, typename Done>
+  void Call(Stub* stub, AsyncMethod<Req, Resp> method, Req req, absl::Duration timeout,
+            Done done);
   void WorkerHeartbeat(SimWorker* w);
   void FetchSplit(SimWorker* w);
   void ReportSplit(SimWorker* w, int64_t task, int64_t split);
@@ -354,10 +362,11 @@ class Fleet {
   std::string last_error_ ABSL_GUARDED_BY(error_mu_);
 };
 
-template <typename Req, typename Resp, typename Issue, typename Done>
-void Fleet::Call(Stub* stub, Issue issue, Req req, absl::Duration timeout, Done done) {
+template <typename Req, typename Resp, typename Done>
+void Fleet::Call(Stub* stub, AsyncMethod<Req, Resp> method, Req req, absl::Duration timeout,
+                 Done done) {
   in_flight_++;
-  CallAsync<Req, Resp>(stub, issue, std::move(req), timeout,
+  CallAsync<Req, Resp>(stub, method, std::move(req), timeout,
                        [this, done](const grpc::Status& s, const Req& q, const Resp& r, double ms) {
                          done(s, q, r, ms);
                          in_flight_--;
@@ -461,10 +470,7 @@ void Fleet::WorkerHeartbeat(SimWorker* w) {
   }
   Call<proto::WorkerHeartbeatRequest, proto::WorkerHeartbeatResponse>(
       w->stub,
-      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::WorkerHeartbeatRequest* q,
-         proto::WorkerHeartbeatResponse* r, std::function<void(grpc::Status)> f) {
-        a->WorkerHeartbeat(ctx, q, r, std::move(f));
-      },
+      &Stub::async_interface::WorkerHeartbeat,
       std::move(req), absl::Milliseconds(o_.heartbeat_ms) + absl::Seconds(30),
       [this, w](const grpc::Status& s, const proto::WorkerHeartbeatRequest& q,
                 const proto::WorkerHeartbeatResponse& r, double ms) {
@@ -515,10 +521,7 @@ void Fleet::FetchSplit(SimWorker* w) {
   req.set_epoch(0);
   Call<proto::GetSplitRequest, proto::GetSplitResponse>(
       w->stub,
-      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::GetSplitRequest* q,
-         proto::GetSplitResponse* r, std::function<void(grpc::Status)> f) {
-        a->GetSplit(ctx, q, r, std::move(f));
-      },
+      &Stub::async_interface::GetSplit,
       std::move(req), absl::Seconds(30),
       [this, w, task](const grpc::Status& s, const proto::GetSplitRequest&,
                       const proto::GetSplitResponse& r, double ms) {
@@ -542,10 +545,7 @@ void Fleet::ReportSplit(SimWorker* w, int64_t task, int64_t split) {
   req.add_completed_splits(split);
   Call<proto::GetSplitRequest, proto::GetSplitResponse>(
       w->stub,
-      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::GetSplitRequest* q,
-         proto::GetSplitResponse* r, std::function<void(grpc::Status)> f) {
-        a->GetSplit(ctx, q, r, std::move(f));
-      },
+      &Stub::async_interface::GetSplit,
       std::move(req), absl::Seconds(30),
       [this](const grpc::Status& s, const proto::GetSplitRequest&, const proto::GetSplitResponse&,
              double ms) {
@@ -564,10 +564,7 @@ void Fleet::ClientHeartbeat(SimConsumer* c) {
   req.set_blocked_round(-1);
   Call<proto::ClientHeartbeatRequest, proto::ClientHeartbeatResponse>(
       c->stub,
-      [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::ClientHeartbeatRequest* q,
-         proto::ClientHeartbeatResponse* r, std::function<void(grpc::Status)> f) {
-        a->ClientHeartbeat(ctx, q, r, std::move(f));
-      },
+      &Stub::async_interface::ClientHeartbeat,
       std::move(req), absl::Seconds(31),
       [this, c](const grpc::Status& s, const proto::ClientHeartbeatRequest& q,
                 const proto::ClientHeartbeatResponse& r, double ms) {
@@ -754,9 +751,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
       *req.mutable_dataset() = Dataset::Range(1000 + c * int64_t{100000000} + k).def();
       CallAsync<proto::RegisterDatasetRequest, proto::RegisterDatasetResponse>(
           stub,
-          [](Stub::async_interface* a, grpc::ClientContext* ctx,
-             const proto::RegisterDatasetRequest* q, proto::RegisterDatasetResponse* r,
-             std::function<void(grpc::Status)> f) { a->RegisterDataset(ctx, q, r, std::move(f)); },
+          &Stub::async_interface::RegisterDataset,
           std::move(req), absl::Seconds(30),
           [&, c, k](const grpc::Status& st, const proto::RegisterDatasetRequest&,
                     const proto::RegisterDatasetResponse&, double ms) {
@@ -770,11 +765,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
       req.set_consumer_index(-1);
       CallAsync<proto::GetOrCreateIterationRequest, proto::GetOrCreateIterationResponse>(
           stub,
-          [](Stub::async_interface* a, grpc::ClientContext* ctx,
-             const proto::GetOrCreateIterationRequest* q, proto::GetOrCreateIterationResponse* r,
-             std::function<void(grpc::Status)> f) {
-            a->GetOrCreateIteration(ctx, q, r, std::move(f));
-          },
+          &Stub::async_interface::GetOrCreateIteration,
           std::move(req), absl::Seconds(30),
           [&, c, k](const grpc::Status& st, const proto::GetOrCreateIterationRequest&,
                     const proto::GetOrCreateIterationResponse&, double ms) {
@@ -791,10 +782,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
       if (held >= 0) req.add_completed_splits(held);
       CallAsync<proto::GetSplitRequest, proto::GetSplitResponse>(
           stub,
-          [](Stub::async_interface* a, grpc::ClientContext* ctx, const proto::GetSplitRequest* q,
-             proto::GetSplitResponse* r, std::function<void(grpc::Status)> f) {
-            a->GetSplit(ctx, q, r, std::move(f));
-          },
+          &Stub::async_interface::GetSplit,
           std::move(req), absl::Seconds(30),
           [&, c, k, held](const grpc::Status& st, const proto::GetSplitRequest&,
                           const proto::GetSplitResponse& r, double ms) {

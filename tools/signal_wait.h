@@ -43,8 +43,9 @@ inline bool WriteFileAtomically(const std::string& path, const std::string& text
 // acquisition, gRPC's included, records the lock order in a graph to
 // detect deadlocks. In a dispatcher answering 64 GetSplit callers, the
 // graph code alone took 3.6% of its CPU samples (perf/RESULTS.md). A release
-// build of a server binary turns it off; the tests and debug builds keep it,
-// since they are where a lock-order cycle should be reported.
+// build of a server binary turns it off (so do the binaries the
+// multi-process tests start); the in-process tests and debug builds keep
+// it, since they are where a lock-order cycle should be reported.
 inline void DropMutexDebugChecksInRelease() {
 #ifdef NDEBUG
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
