@@ -54,6 +54,9 @@ namespace sluice {
 namespace {
 
 constexpr absl::Duration kHeartbeatWait = absl::Milliseconds(1000);
+// How soon a heartbeat asks again while a report waits for a lost task's
+// requests to end.
+constexpr absl::Duration kReportRetry = absl::Milliseconds(20);
 // Save() asks the dispatcher for its completed-split watermark (a heartbeat
 // that does not wait) for at most this long, then saves with the one it has.
 constexpr absl::Duration kSaveWatermarkWait = absl::Milliseconds(250);
@@ -627,6 +630,17 @@ class DataServiceIterator final : public Iterator {
         wait = absl::ZeroDuration();
         fresh_watermark_wanted_ = false;
       }
+      if (!to_report_.empty()) {
+        // Splits reassigned from a lost task wait for what we received of
+        // them; a request to a lost task still in flight could add to it.
+        auto reports = reader_->SplitReports(tasks_, to_report_);
+        if (reports) {
+          for (auto& r : *reports) *req.add_reported_splits() = std::move(r);
+          wait = absl::ZeroDuration();
+        } else {
+          wait = std::min(wait, kReportRetry);
+        }
+      }
       seq = ++heartbeats_sent_;
       internal::SetTimeout(&ctx, wait + absl::Seconds(5));
       req.set_at_end(at_end);
@@ -681,6 +695,7 @@ class DataServiceIterator final : public Iterator {
         }
       }
       reader_->SetSplitWatermark(tasks_, resp.completed_split_watermark());
+      to_report_.assign(resp.report_splits().begin(), resp.report_splits().end());
       heartbeats_answered_ = seq;
       if (resp.has_error() && resp.error().code() != 0 && error_.ok()) {
         error_ = internal::FromProto(resp.error());
@@ -758,6 +773,9 @@ class DataServiceIterator final : public Iterator {
   mutable bool nudged_ ABSL_GUARDED_BY(mu_) = false;  // see NudgeHeartbeatLocked()
   // Heartbeats sent, the last one answered, and whether Save() wants the
   // next one at once (SaveState).
+  // distributed_epoch: splits the dispatcher asked us to report on
+  // (ClientHeartbeatResponse.report_splits), as of its last answer.
+  std::vector<int64_t> to_report_ ABSL_GUARDED_BY(mu_);
   int64_t heartbeats_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t heartbeats_answered_ ABSL_GUARDED_BY(mu_) = 0;
   mutable bool fresh_watermark_wanted_ ABSL_GUARDED_BY(mu_) = false;

@@ -107,18 +107,12 @@ bool SplitDedup::FirstDelivery(int64_t split_id, int64_t index) {
   // A late reply for a split forgotten as completed: prefer delivering it
   // (at least once) to dropping an element that may be new.
   if (split_id < watermark_ && !seen_.count(split_id)) return true;
-  Seen& s = seen_[split_id];
-  if (index < s.prefix || s.beyond.count(index)) return false;
-  if (index != s.prefix) {
-    s.beyond.insert(index);
-    return true;
-  }
-  ++s.prefix;
-  while (!s.beyond.empty() && *s.beyond.begin() == s.prefix) {
-    s.beyond.erase(s.beyond.begin());
-    ++s.prefix;
-  }
-  return true;
+  return seen_[split_id].Insert(index);
+}
+
+IndexSet SplitDedup::Seen(int64_t split_id) const {
+  auto s = seen_.find(split_id);
+  return s == seen_.end() ? IndexSet() : s->second;
 }
 
 void SplitDedup::SetWatermark(int64_t watermark, bool hold) {
@@ -138,6 +132,13 @@ Element Reader::TakeElement() {
     next_in_batch_ = 0;
   }
   return e;
+}
+
+std::optional<std::vector<proto::SplitProgress>> Reader::SplitReports(
+    const std::map<int64_t, ClientTask>& tasks, const std::vector<int64_t>& ids) const {
+  std::vector<proto::SplitProgress> none;
+  for (int64_t id : ids) none.emplace_back().set_split_id(id);
+  return none;
 }
 
 absl::Time Reader::NextWakeup(const std::map<int64_t, ClientTask>& tasks) const {
@@ -387,6 +388,20 @@ bool FcfsReader::LostTaskInFlight(const std::map<int64_t, ClientTask>& tasks) co
     if (t.lost && t.in_flight > 0) return true;
   }
   return false;
+}
+
+std::optional<std::vector<proto::SplitProgress>> FcfsReader::SplitReports(
+    const std::map<int64_t, ClientTask>& tasks, const std::vector<int64_t>& ids) const {
+  if (LostTaskInFlight(tasks)) return std::nullopt;
+  std::vector<proto::SplitProgress> reports;
+  for (int64_t id : ids) {
+    const IndexSet seen = dedup_.Seen(id);
+    proto::SplitProgress& p = reports.emplace_back();
+    p.set_split_id(id);
+    p.set_delivered_prefix(seen.prefix());
+    p.set_delivered_beyond(seen.beyond());
+  }
+  return reports;
 }
 
 void FcfsReader::SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) {

@@ -121,13 +121,11 @@ class SplitDedup {
   // `hold` (a lost task still has requests in flight).
   void SetWatermark(int64_t watermark, bool hold);
   size_t tracked_splits() const { return seen_.size(); }
+  // The indices of `split_id` recorded (empty for one never seen).
+  IndexSet Seen(int64_t split_id) const;
 
  private:
-  struct Seen {
-    int64_t prefix = 0;  // [0, prefix) delivered
-    std::set<int64_t> beyond;
-  };
-  std::map<int64_t, Seen> seen_;
+  std::map<int64_t, IndexSet> seen_;
   int64_t watermark_ = 0;
 };
 
@@ -255,6 +253,12 @@ class Reader {
   virtual void OnTaskLost(std::map<int64_t, ClientTask>& tasks, ClientTask& t) {}
   // The dispatcher's completed-split watermark (distributed_epoch).
   virtual void SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) {}
+  // distributed_epoch: what this consumer received of each split in `ids`
+  // (reassigned from a lost task; ClientHeartbeatRequest.reported_splits),
+  // or nullopt while a lost task's request is in flight (its reply could
+  // still add to them). A reader without splits received none.
+  virtual std::optional<std::vector<proto::SplitProgress>> SplitReports(
+      const std::map<int64_t, ClientTask>& tasks, const std::vector<int64_t>& ids) const;
 
   // Elements ready for Next(), in delivery order.
   bool HasElement() const { return !results_.empty(); }
@@ -307,6 +311,8 @@ class FcfsReader final : public Reader {
                absl::StatusOr<ElementResult> r, absl::Time now) override;
   void OnTaskLost(std::map<int64_t, ClientTask>& tasks, ClientTask& t) override;
   void SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) override;
+  std::optional<std::vector<proto::SplitProgress>> SplitReports(
+      const std::map<int64_t, ClientTask>& tasks, const std::vector<int64_t>& ids) const override;
   const SplitDedup& dedup() const { return dedup_; }
   const SplitProgressTracker* progress() const override {
     return options_.distributed ? &progress_ : nullptr;

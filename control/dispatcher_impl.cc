@@ -561,6 +561,9 @@ DispatcherImpl::PollFn DispatcherImpl::ClientHeartbeatPoll(const proto::ClientHe
       }
       liveness_.HeardClient(cit->first, clock_());
       iteration_id = cit->second.iteration_id;
+      proto::JournalRecord reported;
+      SLUICE_RETURN_IF_ERROR(SplitProvider::ClientReport(iteration_id, cit->first, req, &reported));
+      SLUICE_RETURN_IF_ERROR(RecordLocked(reported));
       if (cit->second.consumer_index >= 0) {
         auto iit = state_.iterations().find(iteration_id);
         if (iit != state_.iterations().end()) {
@@ -592,6 +595,9 @@ DispatcherImpl::PollFn DispatcherImpl::ClientHeartbeatPoll(const proto::ClientHe
     }
     FillClientHeartbeatLocked(it, known ? cit->second.host_id : std::string(), known_version,
                               resp);
+    if (known) {
+      for (int64_t id : state_.SplitsAwaitingReport(cit->first)) resp->add_report_splits(id);
+    }
     return absl::OkStatus();
   };
 }

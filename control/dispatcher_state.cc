@@ -46,6 +46,7 @@ absl::Status DispatcherState::Apply(const proto::JournalUpdate& u, Changes* chan
     case proto::JournalUpdate::kCompleteSplits: return CompleteSplits(u.complete_splits(), c);
     case proto::JournalUpdate::kStartTasks: return StartTasks(u.start_tasks(), c);
     case proto::JournalUpdate::kRequeueSplits: return RequeueSplits(u.requeue_splits(), c);
+    case proto::JournalUpdate::kSplitsReported: return SplitsReported(u.splits_reported(), c);
     case proto::JournalUpdate::kCounters: return Counters(u.counters());
     case proto::JournalUpdate::kShardClaim: return ShardClaim(u.shard_claim());
     case proto::JournalUpdate::kSplitProviderState:
@@ -230,6 +231,7 @@ absl::Status DispatcherState::RemoveClient(const proto::RemoveClientUpdate& u, C
   if (iit == iterations_.end()) return absl::OkStatus();
   Iteration& it = iit->second;
   it.clients.erase(u.client_id());
+  if (it.splits != nullptr && it.splits->ClientGone(u.client_id())) c.splits.insert(it.id);
   for (auto cc = it.consumer_clients.begin(); cc != it.consumer_clients.end(); ++cc) {
     if (cc->second == u.client_id()) {
       c.left_consumers.emplace_back(it.id, cc->first);
@@ -364,6 +366,31 @@ absl::Status DispatcherState::RequeueSplits(const proto::RequeueSplitsUpdate& u,
   return absl::OkStatus();
 }
 
+std::vector<int64_t> DispatcherState::SplitsAwaitingReport(int64_t client) const {
+  auto cl = clients_.find(client);
+  if (cl == clients_.end()) return {};
+  auto it = iterations_.find(cl->second.iteration_id);
+  if (it == iterations_.end() || it->second.splits == nullptr) return {};
+  return it->second.splits->AwaitingReport(client);
+}
+
+absl::Status DispatcherState::SplitsReported(const proto::SplitsReportedUpdate& u, Changes& c) {
+  SLUICE_RETURN_IF_ERROR(MustExist(iterations_, u.iteration_id(), "iteration"));
+  Iteration& it = iterations_.at(u.iteration_id());
+  if (it.splits == nullptr) return absl::OkStatus();
+  for (const proto::SplitProgress& p : u.splits()) {
+    if (!IndexSet::Valid(p.delivered_prefix(), p.delivered_beyond())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("split ", p.split_id(), ": the delivered indices are out of bounds"));
+    }
+    if (it.splits->Reported(u.client_id(), p.split_id(),
+                            IndexSet(p.delivered_prefix(), p.delivered_beyond()))) {
+      c.splits.insert(it.id);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DispatcherState::Counters(const proto::CountersUpdate& u) {
   next_id_ = std::max(next_id_, u.next_id());
   next_worker_index_ = std::max(next_worker_index_, u.next_worker_index());
@@ -411,10 +438,15 @@ void DispatcherState::Finish(Task& t, bool lost, Changes& c) {
   auto it = iterations_.find(t.iteration_id);
   if (it == iterations_.end()) return;
   if (it->second.splits != nullptr) {
-    // A lost task's open splits go to other tasks; a task that ended its
-    // pipeline on its own (e.g. Take) chose not to read the rest of its.
+    // A lost task's open splits go to other tasks (once the iteration's
+    // clients said which of their elements they hold, when elements are
+    // tied to splits); a task that ended its pipeline on its own (e.g.
+    // Take) chose not to read the rest of its.
     int64_t completed = 0;
-    const int64_t requeued = it->second.splits->Release(t.id, lost, &completed);
+    auto job = jobs_.find(it->second.job_id);
+    const bool tracked = job != jobs_.end() && job->second.split_tracked;
+    const int64_t requeued = it->second.splits->Release(
+        t.id, lost, &completed, tracked ? it->second.clients : std::set<int64_t>());
     counts_.splits_completed += completed;
     counts_.splits_reassigned += requeued;
     if (requeued > 0) c.requeued.push_back({t.id, it->first, requeued});

@@ -157,6 +157,9 @@ class DispatcherState {
   // workers sharing a host divide its cpus (WorkerHeartbeatResponse).
   int64_t WorkersOnHost(const std::string& host_id) const;
   const std::map<int64_t, Client>& clients() const { return clients_; }
+  // distributed_epoch: the splits of `client`'s iteration that wait for
+  // its report (SplitProvider::AwaitingReport); none for an unknown client.
+  std::vector<int64_t> SplitsAwaitingReport(int64_t client) const;
   const ShardClaims& shard_claims() const { return shard_claims_; }
   // Ids are never reused: every id an applied update named is below this.
   int64_t next_id() const { return next_id_; }
@@ -189,6 +192,7 @@ class DispatcherState {
   absl::Status CompleteSplits(const proto::CompleteSplitsUpdate& u, Changes& c);
   absl::Status StartTasks(const proto::StartTasksUpdate& u, Changes& c);
   absl::Status RequeueSplits(const proto::RequeueSplitsUpdate& u, Changes& c);
+  absl::Status SplitsReported(const proto::SplitsReportedUpdate& u, Changes& c);
   absl::Status Counters(const proto::CountersUpdate& u);
   absl::Status ShardClaim(const proto::ShardClaimUpdate& u);
   absl::Status SplitProviderState(const proto::SplitProviderStateUpdate& u, Changes& c);

@@ -173,8 +173,14 @@ bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* r
   auto found = epochs_.find(epoch);
   const Epoch& e = found == epochs_.end() ? kFresh : found->second;
   assign->set_task_id(task);
-  if (!e.queue.empty()) {
-    *assign->mutable_split() = open_.at(e.queue.front()).def;
+  bool waiting = false;  // queued splits wait for reports
+  for (int64_t id : e.queue) {
+    const OpenSplit& o = open_.at(id);
+    if (!o.awaiting.empty()) {
+      waiting = true;
+      continue;
+    }
+    *assign->mutable_split() = o.def;
     return true;
   }
   const int64_t begin = SkipDone(epoch, e.next_position);
@@ -202,7 +208,7 @@ bool SplitProvider::Next(int64_t task, int64_t epoch, proto::GetSplitResponse* r
     assign->set_next_position(end);
     return true;
   }
-  if (e.open == 0) {
+  if (e.open == 0 && !waiting) {
     resp->set_end_of_splits(true);
   } else {
     resp->set_not_ready(true);  // others hold the rest: one may be lost
@@ -249,6 +255,23 @@ void SplitProvider::Report(int64_t task, bool lost, const proto::GetSplitRequest
   *rec->add_updates()->mutable_requeue_splits() = std::move(requeue);
 }
 
+absl::Status SplitProvider::ClientReport(int64_t iteration, int64_t client,
+                                         const proto::ClientHeartbeatRequest& req,
+                                         proto::JournalRecord* rec) {
+  if (req.reported_splits_size() == 0) return absl::OkStatus();
+  for (const proto::SplitProgress& p : req.reported_splits()) {
+    if (!IndexSet::Valid(p.delivered_prefix(), p.delivered_beyond())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClientHeartbeat: reported_splits: split ", p.split_id(), "'s indices are out of bounds"));
+    }
+  }
+  proto::SplitsReportedUpdate* u = rec->add_updates()->mutable_splits_reported();
+  u->set_iteration_id(iteration);
+  u->set_client_id(client);
+  *u->mutable_splits() = req.reported_splits();
+  return absl::OkStatus();
+}
+
 absl::Status SplitProvider::Assign(const proto::AssignSplitUpdate& u) {
   const int64_t id = u.split().split_id();
   Epoch& e = epochs_[u.split().epoch()];
@@ -263,6 +286,10 @@ absl::Status SplitProvider::Assign(const proto::AssignSplitUpdate& u) {
     auto q = std::find(e.queue.begin(), e.queue.end(), id);
     if (q == e.queue.end() || !open_.count(id)) {
       return absl::NotFoundError(absl::StrCat("split ", id, " is not queued"));
+    }
+    if (!open_.at(id).awaiting.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("split ", id, " waits for its clients' reports"));
     }
     e.queue.erase(q);
   }
@@ -306,27 +333,56 @@ void SplitProvider::Enqueue(std::map<int64_t, OpenSplit>::iterator o) {
   epochs_[o->second.def.epoch()].queue.push_front(o->first);
 }
 
-int64_t SplitProvider::Requeue(int64_t task, const std::set<int64_t>& ids) {
+int64_t SplitProvider::Requeue(int64_t task, const std::set<int64_t>& ids,
+                               const std::set<int64_t>& awaiting) {
   auto h = held_.find(task);
   if (h == held_.end()) return 0;
   int64_t n = 0;
   // Highest id first onto the front: the queue then hands them out in order.
   for (auto r = ids.rbegin(); r != ids.rend(); ++r) {
     if (!h->second.erase(*r)) continue;
-    Enqueue(open_.find(*r));
+    auto o = open_.find(*r);
+    o->second.awaiting = awaiting;
+    Enqueue(o);
     ++n;
   }
   if (h->second.empty()) held_.erase(h);
   return n;
 }
 
-int64_t SplitProvider::Release(int64_t task, bool requeue, int64_t* completed) {
+int64_t SplitProvider::Release(int64_t task, bool requeue, int64_t* completed,
+                               const std::set<int64_t>& awaiting) {
   auto h = held_.find(task);
   if (h == held_.end()) return 0;
   const std::set<int64_t> held = h->second;
-  if (requeue) return Requeue(task, held);
+  if (requeue) return Requeue(task, held, awaiting);
   for (int64_t id : held) *completed += Complete(task, id);
   return 0;
+}
+
+bool SplitProvider::Reported(int64_t client, int64_t split, const IndexSet& delivered) {
+  auto o = open_.find(split);
+  if (o == open_.end() || !o->second.awaiting.erase(client)) return false;
+  proto::SplitProto& def = o->second.def;
+  IndexSet skip(def.skip_prefix(), def.skip());
+  skip.Merge(delivered);
+  def.set_skip_prefix(skip.prefix());
+  def.set_skip(skip.beyond());
+  return true;
+}
+
+bool SplitProvider::ClientGone(int64_t client) {
+  bool changed = false;
+  for (auto& [id, o] : open_) changed |= o.awaiting.erase(client) > 0;
+  return changed;
+}
+
+std::vector<int64_t> SplitProvider::AwaitingReport(int64_t client) const {
+  std::vector<int64_t> ids;
+  for (const auto& [id, o] : open_) {
+    if (o.awaiting.count(client)) ids.push_back(id);
+  }
+  return ids;
 }
 
 void SplitProvider::Restore(const proto::SplitProviderStateUpdate& u) {
@@ -342,7 +398,8 @@ void SplitProvider::Restore(const proto::SplitProviderStateUpdate& u) {
   held_.clear();
   for (const auto& os : u.open()) {
     const int64_t id = os.split().split_id();
-    open_[id] = OpenSplit{os.split(), os.holder_task()};
+    open_[id] = OpenSplit{os.split(), os.holder_task(),
+                          {os.awaiting_clients().begin(), os.awaiting_clients().end()}};
     if (os.holder_task() != 0) held_[os.holder_task()].insert(id);
   }
 }
@@ -360,6 +417,7 @@ void SplitProvider::Save(proto::SplitProviderStateUpdate* u) const {
     auto* os = u->add_open();
     *os->mutable_split() = o.def;
     os->set_holder_task(o.holder_task);
+    for (int64_t c : o.awaiting) os->add_awaiting_clients(c);
   }
 }
 

@@ -9,6 +9,14 @@
 // every split of it completed; epochs below done_below completed and are
 // forgotten.
 //
+// Exactly once across consumers: a split reassigned from a lost task may
+// have sent elements to any consumer of the iteration, and each consumer
+// drops only its own duplicates. So a lost task's splits (of a
+// split-tracked pipeline) wait in the queue until every client of the
+// iteration said which of their elements it received (Reported; a client
+// that goes away counts as having said), and the worker that takes one
+// skips those (SplitProto::skip, as for a resumed checkpoint).
+//
 // Two halves, as the dispatcher uses them:
 //  - policy (const): Describe plans a provider for a new iteration, Next
 //    decides a task's next split, Report turns a GetSplit request's
@@ -42,6 +50,7 @@ class SplitProvider {
   struct OpenSplit {
     proto::SplitProto def;
     int64_t holder_task = 0;  // 0: queued
+    std::set<int64_t> awaiting;  // queued: clients whose report it waits for
   };
   struct Epoch {
     std::deque<int64_t> queue;  // open splits to hand out (reassigned ones first)
@@ -88,7 +97,8 @@ class SplitProvider {
   // in (a queued split, or a new one at the epoch's next position, created
   // with split_id 0: the caller gives it a fresh id); false with `resp`
   // saying the epoch ended or that nothing is available yet (others hold
-  // its remaining splits). Sets resp->epoch_had_splits either way.
+  // its remaining splits, or the queued ones wait for reports). Sets
+  // resp->epoch_had_splits either way.
   bool Next(int64_t task, int64_t epoch, proto::GetSplitResponse* resp,
             proto::AssignSplitUpdate* assign) const;
   // A file split handed to a worker names its files (positions [begin,
@@ -103,20 +113,41 @@ class SplitProvider {
   void Report(int64_t task, bool lost, const proto::GetSplitRequest& req,
               proto::JournalRecord* rec) const;
 
+  // Policy: adds to `rec` what a ClientHeartbeat request of `client` (of
+  // `iteration`) reports: the indices it received of the splits it was
+  // asked about (Reported). InvalidArgument for indices out of bounds.
+  static absl::Status ClientReport(int64_t iteration, int64_t client,
+                                   const proto::ClientHeartbeatRequest& req,
+                                   proto::JournalRecord* rec);
+
   // State changes. Assign: the split `u` describes goes to u.task_id.
   // AlreadyExists for a created split that exists, NotFound for a queued
-  // one that is not queued.
+  // one that is not queued, FailedPrecondition for one that waits for
+  // reports.
   absl::Status Assign(const proto::AssignSplitUpdate& u);
   // `task` completed `split`: true when it held it (else the report is
   // stale: completed before, or reassigned since). Forgets completed epochs.
   bool Complete(int64_t task, int64_t split);
   // The splits of `ids` that `task` holds go back to the front of their
-  // epochs' queues, in id order; returns how many.
-  int64_t Requeue(int64_t task, const std::set<int64_t>& ids);
+  // epochs' queues, in id order, each waiting for the reports of the
+  // clients in `awaiting`; returns how many.
+  int64_t Requeue(int64_t task, const std::set<int64_t>& ids,
+                  const std::set<int64_t>& awaiting = {});
   // `task` ended: its open splits are requeued (it was lost; returns how
-  // many) or completed (it ended on its own, e.g. a Take: it chose not to
-  // read the rest; returns 0). `*completed` counts the completions.
-  int64_t Release(int64_t task, bool requeue, int64_t* completed);
+  // many), waiting for `awaiting`'s reports, or completed (it ended on its
+  // own, e.g. a Take: it chose not to read the rest; returns 0).
+  // `*completed` counts the completions.
+  int64_t Release(int64_t task, bool requeue, int64_t* completed,
+                  const std::set<int64_t>& awaiting = {});
+  // `client` received `delivered` of `split`'s output: the split's workers
+  // skip those from now on, and it no longer waits for that client. False
+  // (nothing changed) unless the split waited for it.
+  bool Reported(int64_t client, int64_t split, const IndexSet& delivered);
+  // `client` went away (released, timed out): no split waits for it.
+  // False if none did.
+  bool ClientGone(int64_t client);
+  // The queued splits that wait for `client`'s report.
+  std::vector<int64_t> AwaitingReport(int64_t client) const;
   // The provider as `u` saved it (epochs, open splits and their holders).
   void Restore(const proto::SplitProviderStateUpdate& u);
   void Save(proto::SplitProviderStateUpdate* u) const;

@@ -364,6 +364,41 @@ TEST(FcfsReaderTest, EndOfSequenceWithElementsMissingRecoversThemOrFailsWithData
   }
 }
 
+// What the dispatcher asks of a consumer about a lost task's splits: the
+// indices it received of each (none of a split it never saw), and only
+// once no request to a lost task is in flight (its reply could add some).
+TEST(FcfsReaderTest, ReportsWhatItReceivedOfReassignedSplitsOnceNoLostRequestIsInFlight) {
+  auto tasks = Tasks({1});
+  FcfsReader r(Opts(2, /*distributed=*/true));
+  const absl::Time now = absl::Now();
+  auto sent = r.Plan(tasks, now);
+  ASSERT_EQ(sent.size(), 2u);
+  r.OnReply(tasks, sent[0], Reply({10, 11}, 0, /*split=*/5), now);
+  tasks.at(1).lost = true;
+  r.OnTaskLost(tasks, tasks.at(1));
+  EXPECT_FALSE(r.SplitReports(tasks, {5, 6}).has_value());  // sent[1] in flight
+  // The second reply arrives before its cancellation: elements 3 and 4.
+  r.OnReply(tasks, sent[1], Reply({13, 14}, 2, /*split=*/5, /*index=*/3), now);
+  auto reports = r.SplitReports(tasks, {5, 6});
+  ASSERT_TRUE(reports.has_value());
+  ASSERT_EQ(reports->size(), 2u);
+  const IndexSet five((*reports)[0].delivered_prefix(), (*reports)[0].delivered_beyond());
+  EXPECT_EQ((*reports)[0].split_id(), 5);
+  EXPECT_EQ(five.prefix(), 2);
+  EXPECT_FALSE(five.Contains(2));
+  EXPECT_TRUE(five.Contains(3) && five.Contains(4));
+  EXPECT_EQ((*reports)[1].split_id(), 6);
+  EXPECT_EQ((*reports)[1].delivered_prefix(), 0);
+  EXPECT_TRUE((*reports)[1].delivered_beyond().empty());
+  // Coordinated reads have no splits: they received none.
+  RoundReader rounds(Opts(1), 0);
+  auto none = rounds.SplitReports(tasks, {5});
+  ASSERT_TRUE(none.has_value());
+  ASSERT_EQ(none->size(), 1u);
+  EXPECT_EQ((*none)[0].split_id(), 5);
+  EXPECT_EQ((*none)[0].delivered_prefix(), 0);
+}
+
 TEST(FcfsReaderTest, EndedAndLostTasksAreNotAsked) {
   auto tasks = Tasks({1, 2});
   FcfsReader r(Opts(4));

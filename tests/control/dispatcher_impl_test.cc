@@ -41,6 +41,7 @@ namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
 using ::testing::HasSubstr;
+using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 using sluice::expr::x;
@@ -1563,11 +1564,29 @@ TEST_F(DistributedEpochTest, LostWorkersOpenSplitsGoToTheOthers) {
   Advance(absl::Milliseconds(6000));
   d_->Tick();
   EXPECT_EQ(d_->GetStats().splits_reassigned, 2);
+  // They wait until the iteration's client said what it received of them
+  // (kW1 may have sent it elements of both).
+  ASSERT_OK_AND_ASSIGN(auto asked, ClientHb(client_));
+  EXPECT_THAT(asked.report_splits(), ElementsAre(a.split().split_id(), b.split().split_id()));
+  ASSERT_OK_AND_ASSIGN(auto waiting, Split(kW2, t[1]));
+  EXPECT_TRUE(waiting.not_ready());
+  proto::ClientHeartbeatRequest report;  // elements 0..3 of a, none of b
+  report.set_iteration_client_id(client_);
+  report.set_known_version(-1);
+  proto::SplitProgress* got = report.add_reported_splits();
+  got->set_split_id(a.split().split_id());
+  got->set_delivered_prefix(4);
+  report.add_reported_splits()->set_split_id(b.split().split_id());
+  proto::ClientHeartbeatResponse answered;
+  ASSERT_OK(d_->ClientHeartbeat(report, &answered));
+  EXPECT_THAT(answered.report_splits(), IsEmpty());
   ASSERT_OK_AND_ASSIGN(auto r1, Split(kW2, t[1]));
   ASSERT_OK_AND_ASSIGN(auto r2, Split(kW2, t[1]));
   EXPECT_EQ(r1.split().split_id(), a.split().split_id());  // in order
   EXPECT_EQ(r2.split().split_id(), b.split().split_id());
   EXPECT_EQ(r1.split().begin(), 0);
+  EXPECT_EQ(r1.split().skip_prefix(), 4);  // kW2 does not send those again
+  EXPECT_EQ(r2.split().skip_prefix(), 0);
   // A lost task gets nothing more (its late reports are ignored).
   EXPECT_STATUS(Split(kW1, t[0]), absl::StatusCode::kFailedPrecondition, "declared lost");
   ASSERT_OK_AND_ASSIGN(auto end,

@@ -208,6 +208,56 @@ TEST_F(DispatcherStateTest, ARemovedWorkerLosesItsTasksAndTheirSplits) {
   EXPECT_EQ(p.open().at(12).holder_task, 0);
 }
 
+// A split-tracked job's lost task: its splits wait for the reports of the
+// iteration's clients (a client that goes away counts as having said), the
+// reports merge into what the next worker skips, and the snapshot keeps it.
+TEST_F(DispatcherStateTest, ALostTasksSplitsWaitForTheClientsReports) {
+  ASSERT_OK(Apply("register_dataset { dataset_id: 'ds' dataset { version: 1 } fingerprint: 7 }"));
+  ASSERT_OK(Apply("create_job { job_id: 2 dataset_id: 'ds' job_name: 'train' processing_mode: "
+                  "DISTRIBUTED_EPOCH split_tracked: true }"));
+  ASSERT_OK(Apply("register_worker { address: 'a:1' index: 0 host_id: 'h1' }"));
+  ASSERT_OK(Apply("create_iteration { iteration_id: 10 job_id: 2 has_splits: true "
+                  "positions: 10 split_elements: 4 }"));
+  ASSERT_OK(Apply("create_client { client_id: 20 iteration_id: 10 }"));
+  ASSERT_OK(Apply("create_client { client_id: 21 iteration_id: 10 }"));
+  ASSERT_OK(Apply("create_task { task_id: 11 iteration_id: 10 worker_address: 'a:1' }"));
+  ASSERT_OK(Apply("assign_split { task_id: 11 split { split_id: 12 begin: 0 end: 4 } "
+                  "created: true next_position: 4 }"));
+  ASSERT_OK(Apply("remove_worker { address: 'a:1' }"));
+  EXPECT_THAT(state_.SplitsAwaitingReport(20), ElementsAre(12));
+  EXPECT_THAT(state_.SplitsAwaitingReport(21), ElementsAre(12));
+  EXPECT_THAT(state_.SplitsAwaitingReport(99), IsEmpty());  // unknown client
+  ExpectRestoresEqual();
+  // Client 20 received indices 0 and 1 (prefix 2).
+  ASSERT_OK(Apply("splits_reported { iteration_id: 10 client_id: 20 "
+                  "splits { split_id: 12 delivered_prefix: 2 } }"));
+  EXPECT_THAT(changes_.splits, ElementsAre(10));
+  EXPECT_THAT(state_.SplitsAwaitingReport(20), IsEmpty());
+  EXPECT_EQ(state_.iterations().at(10).splits->open().at(12).def.skip_prefix(), 2);
+  ASSERT_OK(Apply("splits_reported { iteration_id: 10 client_id: 20 "
+                  "splits { split_id: 12 delivered_prefix: 3 } }"));
+  EXPECT_THAT(changes_.splits, IsEmpty());  // said already: nothing changes
+  ExpectRestoresEqual();
+  ASSERT_OK(Apply("remove_client { client_id: 21 }"));
+  EXPECT_THAT(changes_.splits, ElementsAre(10));
+  EXPECT_THAT(state_.iterations().at(10).splits->open().at(12).awaiting, IsEmpty());
+  EXPECT_STATUS(Apply("splits_reported { iteration_id: 10 client_id: 20 "
+                      "splits { split_id: 12 delivered_prefix: -4 } }"),
+                absl::StatusCode::kInvalidArgument, "out of bounds");
+}
+
+TEST_F(DispatcherStateTest, AnUntrackedJobsLostSplitsWaitForNoReport) {
+  Basic("DISTRIBUTED_EPOCH");  // split_tracked false: elements carry no positions
+  ASSERT_OK(Apply("create_iteration { iteration_id: 10 job_id: 2 repetition: 1 has_splits: true "
+                  "positions: 10 split_elements: 4 }"));
+  ASSERT_OK(Apply("create_client { client_id: 20 iteration_id: 10 }"));
+  ASSERT_OK(Apply("create_task { task_id: 11 iteration_id: 10 worker_address: 'a:1' }"));
+  ASSERT_OK(Apply("assign_split { task_id: 11 split { split_id: 12 begin: 0 end: 4 } "
+                  "created: true next_position: 4 }"));
+  ASSERT_OK(Apply("remove_worker { address: 'a:1' }"));
+  EXPECT_THAT(state_.SplitsAwaitingReport(20), IsEmpty());
+}
+
 TEST_F(DispatcherStateTest, PendingTasksStartTogether) {
   Basic();
   ASSERT_OK(Apply("create_task { task_id: 4 iteration_id: 3 worker_address: 'a:1' pending: true }"));

@@ -193,6 +193,88 @@ TEST_F(SplitProviderTest, ALostTasksSplitsAreHandedOutFirstInOrder) {
   EXPECT_EQ(fresh->begin(), 8);
 }
 
+// Exactly once across consumers: a lost task's split waits until every
+// client it awaits reported what it received; the split handed out again
+// skips the union of the reports (and what a resume skipped already).
+TEST_F(SplitProviderTest, ALostTasksSplitWaitsForItsClientsReportsAndSkipsWhatTheyReceived) {
+  SplitProvider p(Plan(8, 4));
+  auto a = Take(p, 1);
+  ASSERT_TRUE(a);
+  int64_t completed = 0;
+  EXPECT_EQ(p.Release(1, /*requeue=*/true, &completed, /*awaiting=*/{7, 8, 9}), 1);
+  EXPECT_THAT(p.AwaitingReport(7), ElementsAre(a->split_id()));
+  EXPECT_THAT(p.AwaitingReport(6), IsEmpty());
+  // Not handed out while it waits: the next task gets the next split, and
+  // then nothing (the epoch has not ended either).
+  auto fresh = Take(p, 2);
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(fresh->begin(), 4);
+  EXPECT_FALSE(Take(p, 2));
+  EXPECT_TRUE(resp_.not_ready());
+  EXPECT_FALSE(resp_.end_of_splits());
+  // A queued split that waits cannot be assigned (a journal that says so
+  // does not fit the state).
+  proto::AssignSplitUpdate early;
+  early.set_task_id(2);
+  early.mutable_split()->set_split_id(a->split_id());
+  EXPECT_STATUS(p.Assign(early), absl::StatusCode::kFailedPrecondition, "reports");
+  IndexSet first;  // client 7 received indices 0 and 2
+  first.Insert(0);
+  first.Insert(2);
+  EXPECT_TRUE(p.Reported(7, a->split_id(), first));
+  EXPECT_FALSE(p.Reported(7, a->split_id(), first));        // said already
+  EXPECT_FALSE(p.Reported(5, a->split_id(), IndexSet()));   // not awaited
+  EXPECT_FALSE(p.Reported(8, 999, IndexSet()));             // no such split
+  IndexSet second;  // client 8 received index 1
+  second.Insert(1);
+  EXPECT_TRUE(p.Reported(8, a->split_id(), second));
+  EXPECT_FALSE(Take(p, 2));  // client 9 has not said
+  // Client 9 went away (released, timed out): nothing waits for it.
+  EXPECT_TRUE(p.ClientGone(9));
+  EXPECT_FALSE(p.ClientGone(9));
+  EXPECT_THAT(p.AwaitingReport(9), IsEmpty());
+  auto again = Take(p, 2);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->split_id(), a->split_id());
+  const IndexSet skip(again->skip_prefix(), again->skip());
+  EXPECT_EQ(skip.prefix(), 3);  // 0, 1 and 2
+  EXPECT_FALSE(skip.Contains(3));
+  // The waiting survives a snapshot.
+  EXPECT_FALSE(Take(p, 3));  // nothing left to hand out
+  EXPECT_EQ(p.Release(2, /*requeue=*/true, &completed, {4}), 2);
+  proto::SplitProviderStateUpdate saved;
+  p.Save(&saved);
+  SplitProvider q(Plan(8, 4));
+  q.Restore(saved);
+  EXPECT_THAT(q.AwaitingReport(4), ElementsAre(a->split_id(), fresh->split_id()));
+  EXPECT_FALSE(Take(q, 3));
+  EXPECT_TRUE(q.ClientGone(4));
+  auto resumed = Take(q, 3);
+  ASSERT_TRUE(resumed);
+  EXPECT_EQ(resumed->split_id(), a->split_id());
+  EXPECT_EQ(resumed->skip_prefix(), 3);  // kept through the snapshot
+}
+
+TEST_F(SplitProviderTest, AClientReportIsRecordedAndOutOfBoundsIndicesAreInvalidArgument) {
+  proto::ClientHeartbeatRequest req;
+  proto::JournalRecord rec;
+  ASSERT_OK(SplitProvider::ClientReport(3, 7, req, &rec));
+  EXPECT_EQ(rec.updates_size(), 0);  // nothing reported: nothing recorded
+  proto::SplitProgress* sp = req.add_reported_splits();
+  sp->set_split_id(42);
+  sp->set_delivered_prefix(5);
+  ASSERT_OK(SplitProvider::ClientReport(3, 7, req, &rec));
+  ASSERT_EQ(rec.updates_size(), 1);
+  const proto::SplitsReportedUpdate& u = rec.updates(0).splits_reported();
+  EXPECT_EQ(u.iteration_id(), 3);
+  EXPECT_EQ(u.client_id(), 7);
+  ASSERT_EQ(u.splits_size(), 1);
+  EXPECT_EQ(u.splits(0).delivered_prefix(), 5);
+  sp->set_delivered_prefix(-1);
+  EXPECT_STATUS(SplitProvider::ClientReport(3, 7, req, &rec), absl::StatusCode::kInvalidArgument,
+                "out of bounds");
+}
+
 TEST_F(SplitProviderTest, ATaskThatEndsOnItsOwnCompletesWhatItHolds) {
   SplitProvider p(Plan(8, 4));
   auto a = Take(p, 1);

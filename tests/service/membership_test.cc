@@ -18,9 +18,11 @@
 #include <map>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "sluice/client/distribute.h"
@@ -53,6 +55,24 @@ class MembershipTest : public MultiProcessTest, public ::testing::WithParamInter
     if (w == nullptr) return absl::InternalError(absl::StrCat("cannot start ", name));
     workers_.push_back(w);
     return WaitForPort(w, scratch_.File(name + ".port"), absl::Now() + kStartDeadline);
+  }
+
+  // Starts a worker named `name` on any port into `live`; with `wait`,
+  // returns once it serves.
+  absl::Status SpawnWorker(const std::string& name, bool wait, std::vector<ChildProcess*>* live) {
+    std::filesystem::remove(scratch_.File(name + ".port"));
+    ChildProcess* w = Spawn(name, SLUICE_WORKER_BIN, WorkerArgs(name, 0));
+    if (w == nullptr) return absl::InternalError(absl::StrCat("cannot start ", name));
+    live->push_back(w);
+    if (!wait) return absl::OkStatus();
+    return WaitForPort(w, scratch_.File(name + ".port"), absl::Now() + kStartDeadline).status();
+  }
+  // SIGKILLs the worker of `live` that `rng` picks, and forgets it.
+  static void KillOne(std::vector<ChildProcess*>* live, uint32_t* rng) {
+    *rng = *rng * 1103515245u + 12345u;
+    const size_t victim = (*rng >> 16) % live->size();
+    (*live)[victim]->KillAndReap();
+    live->erase(live->begin() + static_cast<std::ptrdiff_t>(victim));
   }
 
   DistributeOptions Options(const std::string& mode) {
@@ -206,14 +226,8 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
                          {}));
   std::vector<ChildProcess*> live;
   int started = 0;
-  auto spawn_worker = [&](bool wait) -> absl::Status {
-    const std::string name = absl::StrCat("churn", started++);
-    std::filesystem::remove(scratch_.File(name + ".port"));
-    ChildProcess* w = Spawn(name, SLUICE_WORKER_BIN, WorkerArgs(name, 0));
-    if (w == nullptr) return absl::InternalError(absl::StrCat("cannot start ", name));
-    live.push_back(w);
-    if (!wait) return absl::OkStatus();
-    return WaitForPort(w, scratch_.File(name + ".port"), absl::Now() + kStartDeadline).status();
+  auto spawn_worker = [&](bool wait) {
+    return SpawnWorker(absl::StrCat("churn", started++), wait, &live);
   };
   for (int i = 0; i < 3; ++i) ASSERT_OK(spawn_worker(true));
   Watchdog watchdog(absl::Seconds(240), "WorkerKillsAndADispatcherRestartOverLoopingEpochs",
@@ -238,10 +252,7 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
   // One kill (and start) when due; runs between elements on this thread.
   auto maybe_kill = [&](int64_t) {
     if (kills >= kWorkerKills || !chaos.ok() || absl::Now() < next_kill) return;
-    rng = rng * 1103515245u + 12345u;
-    const size_t victim = (rng >> 16) % live.size();
-    live[victim]->KillAndReap();
-    live.erase(live.begin() + static_cast<std::ptrdiff_t>(victim));
+    KillOne(&live, &rng);
     ++kills;
     chaos = spawn_worker(false);
     if (chaos.ok() && kills == 3) {
@@ -276,6 +287,82 @@ TEST_P(MembershipTest, WorkerKillsAndADispatcherRestartOverLoopingEpochsLoseNoth
   for (ChildProcess* w : live) {
     EXPECT_THAT(w->log(), ::testing::Not(::testing::HasSubstr("unused env variable"))) << w->log();
   }
+}
+
+// Two consumers share a distributed_epoch job (job_name) while workers are
+// SIGKILLed mid-split (200-element splits, so a killed worker's split has
+// usually sent elements to both consumers). Each consumer drops only its
+// own duplicates, so the split's new worker must not send either consumer
+// what the other already received: every epoch, the two consumers
+// together get each element exactly once.
+TEST_P(MembershipTest, TwoConsumersOfASharedJobGetEachElementOnceUnderWorkerKills) {
+  constexpr int64_t kN = 3000;
+  constexpr int kWorkerKills = 5;
+  constexpr absl::Duration kKillEvery = absl::Milliseconds(600);
+  ASSERT_OK(StartCluster(0, {"--worker_timeout_ms", "1500", "--range_split_elements", "200"}, {}));
+  std::vector<ChildProcess*> live;
+  int started = 0;
+  auto spawn_worker = [&](bool wait) {
+    return SpawnWorker(absl::StrCat("shared", started++), wait, &live);
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_OK(spawn_worker(true));
+  Watchdog watchdog(absl::Seconds(240), "TwoConsumersOfASharedJob", [this] { KillAllChildren(); });
+  DistributeOptions opt = Options("distributed_epoch");
+  opt.job_name = "shared";
+  opt.dispatcher_timeout_ms = 30000;
+  // One Dataset per consumer, as two trainers would build: the k-th
+  // iterator of each reads the job's k-th iteration.
+  auto a = Dataset::Range(kN).Map(expr::x * 3).Apply(Distribute(opt));
+  auto b = Dataset::Range(kN).Map(expr::x * 3).Apply(Distribute(opt));
+  ASSERT_OK(a.status());
+  ASSERT_OK(b.status());
+  std::vector<int64_t> expected(kN);
+  for (int64_t i = 0; i < kN; ++i) expected[i] = 3 * i;
+  absl::Mutex mu;  // guards the kills (consumer a's thread makes them)
+  int kills = 0;
+  absl::Status chaos = absl::OkStatus();
+  absl::Time next_kill = absl::Now() + kKillEvery;
+  uint32_t rng = 4242;
+  auto maybe_kill = [&](int64_t) {
+    absl::MutexLock l(&mu);
+    if (kills >= kWorkerKills || !chaos.ok() || absl::Now() < next_kill) return;
+    KillOne(&live, &rng);
+    ++kills;
+    chaos = spawn_worker(false);
+    next_kill = absl::Now() + kKillEvery;
+  };
+  int epochs = 0, clean_epochs = 0;
+  while (clean_epochs < 2) {
+    ASSERT_LT(epochs, 200) << "the kills never happened";
+    bool churned;
+    {
+      absl::MutexLock l(&mu);
+      churned = kills < kWorkerKills;
+    }
+    std::vector<int64_t> got_a, got_b;
+    absl::Status status_b;
+    std::thread consumer_b([&] {
+      auto it = b.MakeIterator();
+      status_b = it.ok() ? Drain(**it, &got_b) : it.status();
+    });
+    {
+      ASSERT_OK_AND_ASSIGN(auto it, a.MakeIterator());
+      EXPECT_OK(Drain(*it, &got_a, maybe_kill));
+    }
+    consumer_b.join();
+    ASSERT_OK(status_b);
+    ASSERT_OK(chaos);
+    std::vector<int64_t> values = got_a;
+    values.insert(values.end(), got_b.begin(), got_b.end());
+    std::sort(values.begin(), values.end());
+    ASSERT_EQ(values, expected) << "epoch " << epochs << " after " << kills
+                                << " kill(s): not every element exactly once (consumers got "
+                                << got_a.size() << " and " << got_b.size() << ")";
+    ++epochs;
+    if (!churned) ++clean_epochs;
+  }
+  watchdog.Disarm();
+  EXPECT_EQ(kills, kWorkerKills);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, MembershipTest, AllTransports(), TransportName);
