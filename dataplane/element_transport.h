@@ -41,6 +41,11 @@ inline constexpr size_t kMaxAcksPerRequest = 64;
 inline constexpr int64_t kMaxGrpcBatchElements = 256;
 inline constexpr int64_t kMaxGrpcBatchBytes = int64_t{256} << 10;
 
+// A reply may take a request's wait plus this long (its transfer) before the
+// request fails with DeadlineExceeded, on every transport: the default of
+// ElementRequest::transfer_allowance.
+inline constexpr absl::Duration kReplyTransferAllowance = absl::Seconds(30);
+
 struct ElementRequest {
   int64_t task_id = 0;
   int64_t consumer_index = -1;
@@ -56,6 +61,9 @@ struct ElementRequest {
   bool shared_job = false;
   // How long the worker may hold the call waiting for an element.
   absl::Duration wait = absl::Milliseconds(500);
+  // How much longer the reply may take (its transfer) before the request
+  // fails with DeadlineExceeded.
+  absl::Duration transfer_allowance = kReplyTransferAllowance;
   // Batching: the worker may answer with up to max_elements elements that
   // are ready at once, as long as their frames total at most max_bytes (the
   // first element is always sent, whatever its size). The worker never
@@ -116,10 +124,6 @@ struct ElementResult {
   // (split_id, index) it already delivered); and each element's key.
   std::vector<SplitPosition> positions;
 };
-
-// A reply may take a request's wait plus this long (its transfer) before the
-// request fails with DeadlineExceeded, on every transport.
-inline constexpr absl::Duration kReplyTransferAllowance = absl::Seconds(30);
 
 // Runs once per request with its outcome. It must not block (it may run on
 // a transport's own thread, which serves every request of the process).
@@ -231,7 +235,7 @@ struct TransportStats {
   // every task and iteration reading it; again after a failure).
   int64_t ucx_endpoints_connected = 0;
   // Connections closed because a request on them got no reply within its
-  // wait plus kReplyTransferAllowance (the next request reconnects).
+  // wait plus its transfer_allowance (the next request reconnects).
   int64_t ucx_silent_endpoints_closed = 0;
   // Payload bytes the client copied after receipt (0 on the rendezvous path).
   int64_t client_payload_bytes_copied = 0;

@@ -63,7 +63,7 @@ class GrpcElementTransport final : public ElementTransport {
   void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
     auto call = std::make_shared<GrpcCall>(calls_alive_);
     // The worker answers within `wait`; allow for transfer time on top.
-    internal::SetTimeout(&call->ctx, request.wait + kReplyTransferAllowance);
+    internal::SetTimeout(&call->ctx, request.wait + request.transfer_allowance);
     proto::GetElementRequest& req = call->req;
     req.set_task_id(request.task_id);
     req.set_consumer_index(request.consumer_index);

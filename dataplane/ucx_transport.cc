@@ -685,7 +685,7 @@ class UcxElementTransport final : public ElementTransport {
     p->owner = state_;
     p->max_element_bytes = static_cast<uint64_t>(max_element_bytes_);
     p->peer = address_;
-    p->deadline = absl::Now() + request.wait + kReplyTransferAllowance;
+    p->deadline = absl::Now() + request.wait + request.transfer_allowance;
     bool cancelled;
     {
       absl::MutexLock l(&state_->mu);

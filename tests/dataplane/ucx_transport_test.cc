@@ -483,8 +483,8 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
 // A worker answers every request within its wait; a connection that left
 // one unanswered past the allowance (UCX may lose a peer without telling:
 // seen once in CI after another same-host worker was killed) is closed, and
-// the next request reconnects instead of waiting on it forever. Takes
-// kReplyTransferAllowance (30 s).
+// the next request reconnects instead of waiting on it forever (after
+// kReplyTransferAllowance, 30 s, by default; 1 s here).
 TEST(UcxSilenceTest, AConnectionThatLeavesARequestUnansweredIsReplaced) {
   absl::Notification release;
   std::atomic<int> calls{0};
@@ -501,6 +501,7 @@ TEST(UcxSilenceTest, AConnectionThatLeavesARequestUnansweredIsReplaced) {
   const TransportStats before = GetTransportStats();
   ElementRequest req;
   req.wait = absl::ZeroDuration();
+  req.transfer_allowance = absl::Seconds(1);
   EXPECT_STATUS(t->GetElement(req), absl::StatusCode::kDeadlineExceeded, "no reply from worker");
   release.Notify();
   // The silent connection is closed; a later request gets a new one (after
