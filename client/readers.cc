@@ -231,7 +231,7 @@ ClientTask* FcfsReader::Pick(std::map<int64_t, ClientTask>& tasks, int64_t free,
   return best;
 }
 
-PlannedRequest FcfsReader::Request(ClientTask& t, absl::Duration wait) {
+PlannedRequest FcfsReader::Request(ClientTask& t, absl::Duration wait, bool leaving) {
   PlannedRequest p;
   p.task_id = t.id;
   p.transport = t.transport;
@@ -248,7 +248,8 @@ PlannedRequest FcfsReader::Request(ClientTask& t, absl::Duration wait) {
   req.wait = wait;
   if (options_.client_id != 0) {  // the worker keeps replies for named consumers only
     req.delivered_seq = t.order.delivered();
-    req.resend = t.order.recovering();
+    req.resend = t.order.recovering() && !leaving;
+    req.leaving = leaving;
   }
   // Acknowledged once sent: a lost request's acks are not resent (an ack
   // counted twice could complete a split too early); the worker's ack
@@ -257,9 +258,21 @@ PlannedRequest FcfsReader::Request(ClientTask& t, absl::Duration wait) {
     req.acks.push_back({t.unacked.begin()->first, t.unacked.begin()->second});
     t.unacked.erase(t.unacked.begin());
   }
+  if (leaving) return p;
   ++t.in_flight;
   ++in_flight_;
   return p;
+}
+
+std::vector<PlannedRequest> FcfsReader::Leave(std::map<int64_t, ClientTask>& tasks) {
+  std::vector<PlannedRequest> out;
+  if (options_.client_id == 0) return out;  // the worker keeps no anonymous consumers
+  for (auto& [id, t] : tasks) {
+    if (t.lost || t.end_of_sequence || t.transport == nullptr) continue;
+    out.push_back(Request(t, absl::ZeroDuration(), /*leaving=*/true));
+    out.back().request.transfer_allowance = kLeaveAllowance;
+  }
+  return out;
 }
 
 std::vector<PlannedRequest> FcfsReader::Plan(std::map<int64_t, ClientTask>& tasks,

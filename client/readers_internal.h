@@ -223,6 +223,9 @@ struct PlannedRequest {
 // max_outstanding_requests (each may hold a worker's serving slot for up
 // to element_wait).
 inline constexpr int64_t kMaxRequestsInFlight = 64;
+// How long a closing iterator waits for the workers to hear it leave
+// (FcfsReader::Leave).
+inline constexpr absl::Duration kLeaveAllowance = absl::Milliseconds(500);
 
 struct ReaderOptions {
   int64_t max_outstanding = 1;  // max_outstanding_requests
@@ -277,6 +280,10 @@ class Reader {
   // The iterator is going away: failures (its own cancellations) are
   // neither retried nor logged.
   void Stop() { stopping_ = true; }
+  // The iterator is going away: a request to each task it still reads
+  // saying so (ElementRequest::leaving, with the acks it owes), not
+  // counted in flight; none for a reader whose worker keeps no consumers.
+  virtual std::vector<PlannedRequest> Leave(std::map<int64_t, ClientTask>& tasks) { return {}; }
   ReaderCounters& counters() { return counters_; }
 
  protected:
@@ -313,6 +320,7 @@ class FcfsReader final : public Reader {
   void SetSplitWatermark(std::map<int64_t, ClientTask>& tasks, int64_t watermark) override;
   std::optional<std::vector<proto::SplitProgress>> SplitReports(
       const std::map<int64_t, ClientTask>& tasks, const std::vector<int64_t>& ids) const override;
+  std::vector<PlannedRequest> Leave(std::map<int64_t, ClientTask>& tasks) override;
   const SplitDedup& dedup() const { return dedup_; }
   const SplitProgressTracker* progress() const override {
     return options_.distributed ? &progress_ : nullptr;
@@ -322,8 +330,8 @@ class FcfsReader final : public Reader {
  private:
   ClientTask* Pick(std::map<int64_t, ClientTask>& tasks, int64_t free, absl::Time now,
                    absl::Duration* wait);
-  // A request to `t` (counted in flight).
-  PlannedRequest Request(ClientTask& t, absl::Duration wait);
+  // A request to `t`, counted in flight unless it says the consumer leaves.
+  PlannedRequest Request(ClientTask& t, absl::Duration wait, bool leaving = false);
   // Acknowledges `pieces`' split elements, drops those of reassigned
   // splits already delivered, and queues the rest for Next().
   void Deliver(ClientTask& t, std::vector<Piece> pieces);

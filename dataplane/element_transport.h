@@ -83,6 +83,12 @@ struct ElementRequest {
   // resend it answers as usual.
   int64_t delivered_seq = -1;
   bool resend = false;
+  // The consumer is going away (its iterator closed; client_id != 0): the
+  // worker counts what it handed it and it never received as delivered
+  // (with the acks carried, its splits can complete now rather than after
+  // the ack timeout), forgets it as a reader of the task, and answers
+  // not_ready.
+  bool leaving = false;
   // Compress the reply's frames with this codec where it saves bytes
   // (DistributeOptions::compression; core/frame.h). The client's transport
   // decompresses them.

@@ -83,6 +83,7 @@ class GrpcElementServer final : public ElementServer, public proto::ElementServi
     r.shared_job = req->shared_job();
     r.delivered_seq = req->delivered_seq();
     r.resend = req->resend();
+    r.leaving = req->leaving();
     r.max_elements = std::clamp<int64_t>(req->max_elements(), 1, kMaxGrpcBatchElements);
     r.max_bytes = std::clamp<int64_t>(req->max_bytes(), 0, kMaxGrpcBatchBytes);
     if (req->compression() == static_cast<int>(FrameCodec::kLz4)) r.compression = FrameCodec::kLz4;

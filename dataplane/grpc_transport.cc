@@ -74,6 +74,7 @@ class GrpcElementTransport final : public ElementTransport {
     req.set_shared_job(request.shared_job);
     req.set_delivered_seq(request.delivered_seq);
     req.set_resend(request.resend);
+    req.set_leaving(request.leaving);
     req.set_max_elements(std::clamp<int64_t>(request.max_elements, 1, kMaxGrpcBatchElements));
     req.set_max_bytes(std::clamp<int64_t>(request.max_bytes, 0, kMaxGrpcBatchBytes));
     req.set_compression(static_cast<int>(request.compression));

@@ -1,4 +1,4 @@
-// The UCX element transfer protocol (active messages), version 7. Internal.
+// The UCX element transfer protocol (active messages), version 8. Internal.
 //
 // Client -> worker: AM kGetElementAm, sent with UCP_AM_SEND_FLAG_REPLY, no
 // data; its header (80 bytes, little-endian), the token, then the acks:
@@ -19,7 +19,9 @@
 //   |        |      | may have in flight at once (>= 1; fair share)    |
 //   | 62     | 2    | request flags: bit0 shared job (other consumers  |
 //   |        |      | may read the task), bit1 eager small replies,    |
-//   |        |      | bit2 resend (ElementRequest::resend)             |
+//   |        |      | bit2 resend (ElementRequest::resend), bit3/bit4  |
+//   |        |      | lz4/zstd replies, bit5 leaving                   |
+//   |        |      | (ElementRequest::leaving)                        |
 //   | 64     | 8    | client_id: the consumer (iteration client; 0:    |
 //   |        |      | anonymous); keys its sequence numbers            |
 //   | 72     | 8    | delivered_seq: the consumer holds every element  |
@@ -38,7 +40,8 @@
 // reply's seq; version 5 added delivered_seq, the resend flag and the
 // reply's resent flag (version 4 had a 72-byte header); version 6 added
 // compression flags; version 7 the split range of a reply's elements
-// (the reply's bit7 and 72-byte batch entries: service checkpoints).
+// (the reply's bit7 and 72-byte batch entries: service checkpoints);
+// version 8 the leaving flag.
 //
 // Worker -> client: AM kElementAm on the reply endpoint; header (64 bytes)
 // followed by `inline_len` bytes:
@@ -101,7 +104,7 @@ inline constexpr unsigned kElementAm = 12;
 inline constexpr uint32_t kRequestMagic = 0x45474c53;  // "SLGE"
 inline constexpr uint32_t kReplyMagic = 0x4c454c53;    // "SLEL"
 inline constexpr uint32_t kBatchMagic = 0x54424c53;    // "SLBT"
-inline constexpr uint32_t kProtocolVersion = 7;
+inline constexpr uint32_t kProtocolVersion = 8;
 inline constexpr uint32_t kMaxInline = 1024;
 inline constexpr uint32_t kMaxBatchElements = 1024;
 
@@ -116,6 +119,7 @@ enum RequestFlags : uint16_t {
   // ElementRequest::compression (at most one).
   kRequestLz4 = 1u << 3,
   kRequestZstd = 1u << 4,
+  kRequestLeaving = 1u << 5,  // ElementRequest::leaving
 };
 inline constexpr size_t kEagerReplyBytes = 4096;
 

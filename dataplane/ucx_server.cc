@@ -336,6 +336,7 @@ struct UcxElementServer::Impl {
     job.request.max_outstanding = std::max<int64_t>(1, h.max_outstanding);
     job.request.shared_job = h.flags & ucx::kRequestSharedJob;
     job.request.resend = h.flags & ucx::kRequestResend;
+    job.request.leaving = h.flags & ucx::kRequestLeaving;
     job.request.compression = (h.flags & ucx::kRequestZstd)  ? FrameCodec::kZstd
                               : (h.flags & ucx::kRequestLz4) ? FrameCodec::kLz4
                                                              : FrameCodec::kNone;

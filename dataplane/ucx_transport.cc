@@ -715,6 +715,7 @@ class UcxElementTransport final : public ElementTransport {
     h.client_id = request.client_id;
     h.delivered_seq = request.delivered_seq;
     if (request.resend) h.flags |= ucx::kRequestResend;
+    if (request.leaving) h.flags |= ucx::kRequestLeaving;
     if (request.compression == FrameCodec::kLz4) h.flags |= ucx::kRequestLz4;
     if (request.compression == FrameCodec::kZstd) h.flags |= ucx::kRequestZstd;
     h.token_len = static_cast<uint16_t>(token_.size());

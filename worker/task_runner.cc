@@ -118,7 +118,7 @@ int64_t TaskRunner::BatchLimitLocked(const ElementRequest& request, absl::Time n
   const int64_t limit = std::max<int64_t>(1, request.max_elements);
   int64_t active = 0;
   for (const auto& [id, c] : consumers_) {
-    if (c.serving > 0 || now - c.last_seen < kConsumerIdle) ++active;
+    if (!c.left && (c.serving > 0 || now - c.last_seen < kConsumerIdle)) ++active;
   }
   const int64_t sharers = std::max<int64_t>(request.shared_job ? 2 : 1, active);
   if (sharers == 1) return limit;
@@ -158,6 +158,24 @@ void TaskRunner::ForgetDeliveredLocked(Consumer& consumer, int64_t delivered_seq
                                 : consumer.retained.front().seq);
 }
 
+void TaskRunner::LeaveLocked(Consumer& consumer) {
+  std::map<int64_t, int64_t> unreceived;  // split -> elements
+  for (const ServedBatch& b : consumer.retained) {
+    for (size_t i = 0; i < b.frames.size(); ++i) {
+      const int64_t split = b.frames[i].position.split_id;
+      if (b.seq + static_cast<int64_t>(i) >= consumer.delivered && split > 0) ++unreceived[split];
+    }
+  }
+  if (splits_) {
+    for (const auto& [split, n] : unreceived) splits_->Acked(split, n);
+  }
+  consumer.retained.clear();
+  consumer.retained_bytes = 0;
+  consumer.retained_from = consumer.next_seq;
+  consumer.delivered = consumer.next_seq;
+  consumer.left = true;
+}
+
 std::optional<absl::StatusOr<ServedBatch>> TaskRunner::ResendLocked(
     const Consumer& consumer, const ElementRequest& request) const {
   const int64_t from = request.delivered_seq;
@@ -195,6 +213,13 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
     ForgetDeliveredLocked(consumer, request.delivered_seq);
     consumer.delivered = std::max(consumer.delivered, request.delivered_seq);
   }
+  if (redeliver && (request.leaving || consumer.left)) {
+    // A request sent before it left and arriving after: nothing more.
+    if (!consumer.left) LeaveLocked(consumer);
+    ServedBatch out;
+    out.not_ready = true;
+    return out;
+  }
   if (redeliver && request.resend) {
     if (auto resent = ResendLocked(consumer, request)) {
       consumer.last_seen = absl::Now();
@@ -207,13 +232,17 @@ absl::StatusOr<ServedBatch> TaskRunner::GetBatch(const ElementRequest& request,
     return produced_all_ && (!redeliver || consumer.HoldsAll());
   };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || !buffer_.empty() || at_end() || !error_.ok();
+    return stop_ || !buffer_.empty() || at_end() || !error_.ok() || consumer.left;
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
   --consumer.serving;
   const absl::Time now = absl::Now();
   consumer.last_seen = now;
   ServedBatch out;
+  if (consumer.left) {  // it left while this request waited
+    out.not_ready = true;
+    return out;
+  }
   if (!buffer_.empty()) {
     const int64_t max_elements = BatchLimitLocked(request, now);
     size_t bytes = 0;

@@ -157,6 +157,10 @@ class TaskRunner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetDeliveredLocked(Consumer& consumer, int64_t delivered_seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The consumer is going away (ElementRequest::leaving): what it was
+  // handed and never received counts as delivered (acknowledged to the
+  // split client), and it no longer holds back the task's end or shares.
+  void LeaveLocked(Consumer& consumer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<absl::StatusOr<ServedBatch>> ResendLocked(const Consumer& consumer,
                                                           const ElementRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,6 +195,7 @@ class TaskRunner {
     // It holds every element handed to it (anonymous consumers are never
     // asked).
     bool HoldsAll() const { return delivered >= next_seq; }
+    bool left = false;  // said it is going away (ElementRequest::leaving)
   };
   std::map<int64_t, Consumer> consumers_ ABSL_GUARDED_BY(mu_);
   // Coordinated reads: open rounds, each slot a consumer's element until it

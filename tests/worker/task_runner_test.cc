@@ -85,6 +85,38 @@ TEST(TaskRunnerTest, ATaskIsFinishedOnlyOnceItsConsumerHoldsEverything) {
 // not_ready, not the end, until a request says the consumer holds every
 // element (then the end, and the task is finished); a request waiting for
 // that is answered as soon as another one says so.
+// A consumer of a shared task that leaves (its iterator closed) no longer
+// holds the task's end back: what it was handed and never received counts
+// as delivered at once, where it used to take kConsumerIdle. Its requests
+// still arriving after get nothing.
+TEST(TaskRunnerTest, AConsumerThatLeavesNoLongerHoldsTheTaskBack) {
+  const absl::Duration wait = absl::Seconds(1);
+  auto task = RangeTask(6);
+  AwaitProduced(*task, 6);
+  ASSERT_OK_AND_ASSIGN(ServedBatch six, task->GetBatch(Ask(6, 0), wait));
+  ASSERT_FALSE(six.frames.empty());
+  // Consumer 5 reads the rest to its end.
+  int64_t held = 0;
+  bool ended = false;
+  for (int i = 0; i < 10 && !ended; ++i) {
+    ASSERT_OK_AND_ASSIGN(ServedBatch b, task->GetBatch(Ask(5, held), wait));
+    held += static_cast<int64_t>(b.frames.size());
+    ended = b.end_of_sequence;
+  }
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(held + static_cast<int64_t>(six.frames.size()), 6);
+  EXPECT_FALSE(task->finished()) << "consumer 6 may still receive its reply";
+  ElementRequest leave = Ask(6, 0);
+  leave.leaving = true;
+  ASSERT_OK_AND_ASSIGN(ServedBatch bye, task->GetBatch(leave, wait));
+  EXPECT_TRUE(bye.not_ready);
+  EXPECT_TRUE(bye.frames.empty());
+  EXPECT_TRUE(task->finished());
+  ASSERT_OK_AND_ASSIGN(ServedBatch late, task->GetBatch(Ask(6, 0, /*resend=*/true), wait));
+  EXPECT_TRUE(late.not_ready);
+  EXPECT_TRUE(late.frames.empty());
+}
+
 TEST(TaskRunnerTest, TheEndIsAnsweredOnlyToAConsumerThatHoldsEverything) {
   auto task = RangeTask(3);
   AwaitProduced(*task, 3);
