@@ -806,11 +806,11 @@ class DataServiceIterator final : public Iterator {
   bool iteration_finished_ ABSL_GUARDED_BY(mu_) = false;
   bool confirmed_end_ ABSL_GUARDED_BY(mu_) = false;  // see DoneLocked()
   mutable bool nudged_ ABSL_GUARDED_BY(mu_) = false;  // see NudgeHeartbeatLocked()
-  // Heartbeats sent, the last one answered, and whether Save() wants the
-  // next one at once (SaveState).
   // distributed_epoch: splits the dispatcher asked us to report on
   // (ClientHeartbeatResponse.report_splits), as of its last answer.
   std::vector<int64_t> to_report_ ABSL_GUARDED_BY(mu_);
+  // Heartbeats sent, the last one answered, and whether Save() wants the
+  // next one at once (SaveState).
   int64_t heartbeats_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t heartbeats_answered_ ABSL_GUARDED_BY(mu_) = 0;
   mutable bool fresh_watermark_wanted_ ABSL_GUARDED_BY(mu_) = false;
