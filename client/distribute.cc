@@ -652,6 +652,7 @@ class DataServiceIterator final : public Iterator {
   absl::Status Heartbeat(absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_) {
     proto::ClientHeartbeatRequest req;
     req.set_iteration_client_id(client_id_);
+    req.set_reports_splits(true);
     grpc::ClientContext ctx;
     bool at_end;
     int64_t seq;

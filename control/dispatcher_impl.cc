@@ -562,7 +562,8 @@ DispatcherImpl::PollFn DispatcherImpl::ClientHeartbeatPoll(const proto::ClientHe
       liveness_.HeardClient(cit->first, clock_());
       iteration_id = cit->second.iteration_id;
       proto::JournalRecord reported;
-      SLUICE_RETURN_IF_ERROR(SplitProvider::ClientReport(iteration_id, cit->first, req, &reported));
+      SLUICE_RETURN_IF_ERROR(SplitProvider::ClientReport(
+          iteration_id, cit->first, req, state_.SplitsAwaitingReport(cit->first), &reported));
       SLUICE_RETURN_IF_ERROR(RecordLocked(reported));
       if (cit->second.consumer_index >= 0) {
         auto iit = state_.iterations().find(iteration_id);

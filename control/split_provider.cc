@@ -257,9 +257,14 @@ void SplitProvider::Report(int64_t task, bool lost, const proto::GetSplitRequest
 
 absl::Status SplitProvider::ClientReport(int64_t iteration, int64_t client,
                                          const proto::ClientHeartbeatRequest& req,
+                                         const std::vector<int64_t>& awaited,
                                          proto::JournalRecord* rec) {
-  if (req.reported_splits_size() == 0) return absl::OkStatus();
-  for (const proto::SplitProgress& p : req.reported_splits()) {
+  google::protobuf::RepeatedPtrField<proto::SplitProgress> reported = req.reported_splits();
+  if (!req.reports_splits()) {
+    for (int64_t id : awaited) reported.Add()->set_split_id(id);
+  }
+  if (reported.empty()) return absl::OkStatus();
+  for (const proto::SplitProgress& p : reported) {
     if (!IndexSet::Valid(p.delivered_prefix(), p.delivered_beyond())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ClientHeartbeat: reported_splits: split ", p.split_id(), "'s indices are out of bounds"));
@@ -268,7 +273,7 @@ absl::Status SplitProvider::ClientReport(int64_t iteration, int64_t client,
   proto::SplitsReportedUpdate* u = rec->add_updates()->mutable_splits_reported();
   u->set_iteration_id(iteration);
   u->set_client_id(client);
-  *u->mutable_splits() = req.reported_splits();
+  *u->mutable_splits() = std::move(reported);
   return absl::OkStatus();
 }
 

@@ -115,10 +115,12 @@ class SplitProvider {
 
   // Policy: adds to `rec` what a ClientHeartbeat request of `client` (of
   // `iteration`) reports: the indices it received of the splits it was
-  // asked about (Reported). InvalidArgument for indices out of bounds.
+  // asked about (Reported); from a client that does not report (an older
+  // version), nothing of each split in `awaited` (those waiting for it).
+  // InvalidArgument for indices out of bounds.
   static absl::Status ClientReport(int64_t iteration, int64_t client,
                                    const proto::ClientHeartbeatRequest& req,
-                                   proto::JournalRecord* rec);
+                                   const std::vector<int64_t>& awaited, proto::JournalRecord* rec);
 
   // State changes. Assign: the split `u` describes goes to u.task_id.
   // AlreadyExists for a created split that exists, NotFound for a queued

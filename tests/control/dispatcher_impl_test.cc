@@ -171,6 +171,7 @@ class DispatcherImplTest : public ::testing::Test {
       int64_t client_id, std::optional<int64_t> at_end_version = std::nullopt) {
     proto::ClientHeartbeatRequest req;
     req.set_iteration_client_id(client_id);
+    req.set_reports_splits(true);
     req.set_known_version(at_end_version.value_or(-1));
     req.set_at_end(at_end_version.has_value());
     req.set_wait_ms(0);
@@ -1573,6 +1574,7 @@ TEST_F(DistributedEpochTest, LostWorkersOpenSplitsGoToTheOthers) {
   proto::ClientHeartbeatRequest report;  // elements 0..3 of a, none of b
   report.set_iteration_client_id(client_);
   report.set_known_version(-1);
+  report.set_reports_splits(true);
   proto::SplitProgress* got = report.add_reported_splits();
   got->set_split_id(a.split().split_id());
   got->set_delivered_prefix(4);

@@ -257,13 +257,14 @@ TEST_F(SplitProviderTest, ALostTasksSplitWaitsForItsClientsReportsAndSkipsWhatTh
 
 TEST_F(SplitProviderTest, AClientReportIsRecordedAndOutOfBoundsIndicesAreInvalidArgument) {
   proto::ClientHeartbeatRequest req;
+  req.set_reports_splits(true);
   proto::JournalRecord rec;
-  ASSERT_OK(SplitProvider::ClientReport(3, 7, req, &rec));
+  ASSERT_OK(SplitProvider::ClientReport(3, 7, req, {42}, &rec));
   EXPECT_EQ(rec.updates_size(), 0);  // nothing reported: nothing recorded
   proto::SplitProgress* sp = req.add_reported_splits();
   sp->set_split_id(42);
   sp->set_delivered_prefix(5);
-  ASSERT_OK(SplitProvider::ClientReport(3, 7, req, &rec));
+  ASSERT_OK(SplitProvider::ClientReport(3, 7, req, {42}, &rec));
   ASSERT_EQ(rec.updates_size(), 1);
   const proto::SplitsReportedUpdate& u = rec.updates(0).splits_reported();
   EXPECT_EQ(u.iteration_id(), 3);
@@ -271,8 +272,17 @@ TEST_F(SplitProviderTest, AClientReportIsRecordedAndOutOfBoundsIndicesAreInvalid
   ASSERT_EQ(u.splits_size(), 1);
   EXPECT_EQ(u.splits(0).delivered_prefix(), 5);
   sp->set_delivered_prefix(-1);
-  EXPECT_STATUS(SplitProvider::ClientReport(3, 7, req, &rec), absl::StatusCode::kInvalidArgument,
-                "out of bounds");
+  EXPECT_STATUS(SplitProvider::ClientReport(3, 7, req, {42}, &rec),
+                absl::StatusCode::kInvalidArgument, "out of bounds");
+  // A client of an older version does not report: taken as a report of
+  // nothing for what waits for it, so that nothing waits for it forever.
+  proto::ClientHeartbeatRequest old;
+  rec.Clear();
+  ASSERT_OK(SplitProvider::ClientReport(3, 7, old, {42, 43}, &rec));
+  ASSERT_EQ(rec.updates_size(), 1);
+  ASSERT_EQ(rec.updates(0).splits_reported().splits_size(), 2);
+  EXPECT_EQ(rec.updates(0).splits_reported().splits(1).split_id(), 43);
+  EXPECT_EQ(rec.updates(0).splits_reported().splits(1).delivered_prefix(), 0);
 }
 
 TEST_F(SplitProviderTest, ATaskThatEndsOnItsOwnCompletesWhatItHolds) {
