@@ -728,16 +728,20 @@ class UcxElementTransport final : public ElementTransport {
     UcxElementTransport* raw = this;
     UcxClient* client = client_;
     // `raw` outlives the closures: its destructor's Run() comes after them.
-    client->worker()->Post([raw, client, p, h, tail = std::move(tail)]() mutable {
-      client->WhenPoolHasRoom([raw, client, p, h, tail = std::move(tail)] {
-        if (p->Done()) return;  // cancelled while held back
-        if (raw->endpoint_ == nullptr || !raw->endpoint_->usable()) {
-          auto e = client->EndpointFor(raw->address_);
-          if (!e.ok()) return Complete(p, e.status());
-          raw->endpoint_ = *std::move(e);
-        }
-        client->Send(raw->endpoint_, p, h, tail);
-      });
+    auto send = [raw, client, p, h, tail = std::move(tail)] {
+      if (p->Done()) return;  // cancelled while held back
+      if (raw->endpoint_ == nullptr || !raw->endpoint_->usable()) {
+        auto e = client->EndpointFor(raw->address_);
+        if (!e.ok()) return Complete(p, e.status());
+        raw->endpoint_ = *std::move(e);
+      }
+      client->Send(raw->endpoint_, p, h, tail);
+    };
+    client->worker()->Post([client, send = std::move(send), leaving = request.leaving]() mutable {
+      // A consumer that leaves gets no elements back: its goodbye needs no
+      // room in the receive pool, which its own buffered elements may fill.
+      if (leaving) return send();
+      client->WhenPoolHasRoom(std::move(send));
     });
   }
 
