@@ -5,7 +5,7 @@
 //   | offset | size | field                                            |
 //   |--------|------|--------------------------------------------------|
 //   | 0      | 4    | magic 'S' 'L' 'G' 'E'                            |
-//   | 4      | 4    | version (4)                                      |
+//   | 4      | 4    | version (kProtocolVersion)                       |
 //   | 8      | 8    | request_id (client-chosen, echoed)               |
 //   | 16     | 8    | task_id                                          |
 //   | 24     | 8    | consumer_index (-1: none)                        |

@@ -86,6 +86,7 @@ void SplitClient::MaybeCompleteLocked(int64_t split_id, bool timed_out) {
   if (e != elements_.end() && e->second.read_ahead > 0) return;
   if (e != elements_.end() && e->second.acked < e->second.tagged) {
     if (!timed_out) return;
+    unacknowledged_ += e->second.sent - e->second.acked;
     spdlog::warn("worker {}: task {}: {} element(s) of split {} were sent but not acknowledged "
                  "within {}; counting them delivered (their client left or is unreachable)",
                  worker_address_, task_id_, e->second.sent - e->second.acked, split_id,
@@ -94,6 +95,11 @@ void SplitClient::MaybeCompleteLocked(int64_t split_id, bool timed_out) {
   if (e != elements_.end()) elements_.erase(e);
   read_.erase(split_id);
   completed_.push_back(split_id);
+}
+
+int64_t SplitClient::elements_unacknowledged() const {
+  absl::MutexLock l(&mu_);
+  return unacknowledged_;
 }
 
 absl::StatusOr<std::optional<Split>> SplitClient::Next(int64_t epoch) {

@@ -82,6 +82,9 @@ class SplitClient final : public SplitSource {
   void Sent(int64_t split_id) ABSL_LOCKS_EXCLUDED(mu_);
   // A client received `count` elements tagged with `split_id`.
   void Acked(int64_t split_id, int64_t count) ABSL_LOCKS_EXCLUDED(mu_);
+  // Elements counted delivered because kAckTimeout passed without an
+  // acknowledgement (their client died or never said goodbye), since start.
+  int64_t elements_unacknowledged() const ABSL_LOCKS_EXCLUDED(mu_);
 
   static constexpr absl::Duration kAckTimeout = absl::Seconds(10);
 
@@ -105,7 +108,7 @@ class SplitClient final : public SplitSource {
   const bool tracked_;
   const size_t prefetch_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   int64_t began_ ABSL_GUARDED_BY(mu_) = 0;   // source iterators started
@@ -125,6 +128,7 @@ class SplitClient final : public SplitSource {
   std::map<int64_t, SplitElements> elements_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> read_ ABSL_GUARDED_BY(mu_);  // read to the end, elements unacknowledged
   std::vector<int64_t> completed_ ABSL_GUARDED_BY(mu_);  // to report
+  int64_t unacknowledged_ ABSL_GUARDED_BY(mu_) = 0;     // elements_unacknowledged()
   // Received and not yet reported completed: sent with every fetch so the
   // dispatcher hands out again a split whose reply never arrived.
   std::set<int64_t> held_ ABSL_GUARDED_BY(mu_);

@@ -388,10 +388,14 @@ bool TaskRunner::finished() const {
 }
 
 TaskRunner::Counters TaskRunner::counters() const {
-  absl::MutexLock l(&mu_);
-  Counters c = counters_;
-  c.buffered_elements = static_cast<int64_t>(buffer_.size());
-  c.buffered_bytes = static_cast<int64_t>(buffered_bytes_);
+  Counters c;
+  {
+    absl::MutexLock l(&mu_);
+    c = counters_;
+    c.buffered_elements = static_cast<int64_t>(buffer_.size());
+    c.buffered_bytes = static_cast<int64_t>(buffered_bytes_);
+  }
+  if (splits_) c.unacknowledged_elements = splits_->elements_unacknowledged();
   return c;
 }
 

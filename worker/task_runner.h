@@ -142,6 +142,9 @@ class TaskRunner {
   struct Counters {
     int64_t buffered_elements = 0, buffered_bytes = 0;
     int64_t produced_elements = 0, served_elements = 0, served_bytes = 0;
+    // Handed out, never acknowledged, counted delivered at the ack timeout
+    // (SplitClient::elements_unacknowledged; distributed_epoch only).
+    int64_t unacknowledged_elements = 0;
   };
   Counters counters() const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -86,7 +86,15 @@ std::shared_ptr<TaskRunner> WorkerCore::RemoveTask(int64_t id) {
   tasks_.erase(it);
   reported_.erase(id);
   task->Stop();
+  removed_unacknowledged_ += task->counters().unacknowledged_elements;
   return task;
+}
+
+int64_t WorkerCore::elements_unacknowledged() const {
+  absl::MutexLock l(&mu_);
+  int64_t n = removed_unacknowledged_;
+  for (const auto& [id, t] : tasks_) n += t->counters().unacknowledged_elements;
+  return n;
 }
 
 std::vector<std::shared_ptr<TaskRunner>> WorkerCore::Tasks() const {
@@ -104,7 +112,10 @@ int64_t WorkerCore::num_tasks() const {
 std::map<int64_t, std::shared_ptr<TaskRunner>> WorkerCore::Stop() {
   absl::MutexLock l(&mu_);
   stopped_ = true;
-  for (auto& [id, t] : tasks_) t->Stop();  // wakes the requests waiting in them
+  for (auto& [id, t] : tasks_) {
+    t->Stop();  // wakes the requests waiting in them
+    removed_unacknowledged_ += t->counters().unacknowledged_elements;
+  }
   std::map<int64_t, std::shared_ptr<TaskRunner>> out;
   out.swap(tasks_);
   return out;

@@ -54,6 +54,9 @@ class WorkerCore {
 
   int64_t elements_served() const { return elements_served_.load(); }
   int64_t bytes_served() const { return bytes_served_.load(); }
+  // TaskRunner::Counters::unacknowledged_elements of every task the worker
+  // held, removed ones included.
+  int64_t elements_unacknowledged() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   std::shared_ptr<TaskRunner> AwaitTask(int64_t id, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
@@ -64,6 +67,7 @@ class WorkerCore {
   std::map<int64_t, std::shared_ptr<TaskRunner>> tasks_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> reported_ ABSL_GUARDED_BY(mu_);  // on_finished_ ran
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t removed_unacknowledged_ ABSL_GUARDED_BY(mu_) = 0;  // of tasks no longer held
   std::atomic<int64_t> elements_served_{0}, bytes_served_{0};
 };
 

@@ -17,6 +17,11 @@ std::string RenderWorkerMetrics(const WorkerMetricsSnapshot& s) {
             s.elements_served);
   w.Counter("sluice_worker_bytes_total", "Element frame bytes served to clients (every task).",
             s.bytes_served);
+  w.Counter("sluice_worker_elements_unacknowledged_total",
+            "distributed_epoch elements handed to a client that never acknowledged them, "
+            "counted delivered after the ack timeout (10 s; the client died or left without "
+            "saying goodbye). They may be lost.",
+            s.elements_unacknowledged);
   w.Family("sluice_worker_serve_errors_total", MetricType::kCounter,
            "Element requests answered with an error, by data path (a stopped task excluded).");
   for (const auto& e : s.serve_errors) w.Sample(e.errors, {{"transport", e.transport}});

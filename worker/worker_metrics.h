@@ -15,6 +15,7 @@ namespace sluice::internal {
 struct WorkerMetricsSnapshot {
   std::string address, transfer_protocol;
   int64_t elements_served = 0, bytes_served = 0;  // every task, since start
+  int64_t elements_unacknowledged = 0;             // every task, since start
   struct ServeErrors {
     std::string transport;  // the element server's protocol
     int64_t errors = 0;

@@ -86,6 +86,7 @@ struct WorkerServer::Impl final : public proto::WorkerService::Service {
     m.transfer_protocol = transfer_protocol;
     m.elements_served = core.elements_served();
     m.bytes_served = core.bytes_served();
+    m.elements_unacknowledged = core.elements_unacknowledged();
     for (const internal::ElementServer* s : {grpc_elements.get(), other_elements.get()}) {
       if (s == nullptr) continue;
       const internal::ElementServerStats st = s->stats();

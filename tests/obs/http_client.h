@@ -85,4 +85,21 @@ inline absl::StatusOr<HttpReply> HttpGet(int port, const std::string& target) {
   return ParseHttpReply(*raw);
 }
 
+// The value of the unlabelled sample `name` in a Prometheus exposition,
+// or -1 when it has none.
+inline double SampleValue(const std::string& text, const std::string& name) {
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    if (line.compare(0, name.size() + 1, name + " ") == 0) {
+      double v = -1;
+      if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
 }  // namespace sluice_test

@@ -9,8 +9,6 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "sluice/client/distribute.h"
 #include "sluice/control/dispatch_server.h"
 #include "sluice/control/dispatcher_metrics.h"
@@ -26,6 +24,7 @@ using internal::MetricsHttpServer;
 using internal::MetricsWriter;
 using internal::MetricType;
 using sluice_test::HttpGet;
+using sluice_test::SampleValue;
 using sluice_test::ParseHttpReply;
 using sluice_test::RawHttp;
 using ::testing::HasSubstr;
@@ -216,17 +215,6 @@ TEST(DispatcherMetricsTest, RendersEveryStat) {
   EXPECT_THAT(text, HasSubstr("sluice_dispatcher_worker_heartbeat_age_max_seconds 1.5\n"));
 }
 
-// The value of the unlabelled sample `name` in an exposition, or -1.
-double SampleValue(const std::string& text, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StartsWith(line, name + " ")) {
-      double v = -1;
-      if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
-    }
-  }
-  return -1;
-}
-
 class ServiceMetricsTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ServiceMetricsTest, EndpointsCountThePipeline) {
@@ -259,6 +247,9 @@ TEST_P(ServiceMetricsTest, EndpointsCountThePipeline) {
   EXPECT_EQ(SampleValue(r.body, "sluice_worker_elements_total"), 25) << r.body;
   EXPECT_GT(SampleValue(r.body, "sluice_worker_bytes_total"), 0);
   EXPECT_EQ(SampleValue(r.body, "sluice_worker_tasks_received_total"), 1);
+  // Every element was received and acknowledged (its nonzero case:
+  // ServiceTest.AConsumerLeavingASharedJobEarlyDoesNotHoldTheOthersBack).
+  EXPECT_EQ(SampleValue(r.body, "sluice_worker_elements_unacknowledged_total"), 0);
   EXPECT_THAT(r.body, HasSubstr(absl::StrCat("sluice_worker_info{address=\"", worker->address(),
                                              "\",transfer_protocol=\"", GetParam(), "\"} 1")));
   EXPECT_THAT(r.body, HasSubstr("sluice_worker_serve_errors_total{transport=\"grpc\"} 0\n"));
