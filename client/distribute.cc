@@ -100,15 +100,13 @@ absl::Status Call(proto::DispatcherService::Stub* stub, Method method, const Req
   return internal::FromGrpcStatus(s, address);
 }
 
-// $SLUICE_UCX_EAGER_REPLIES=1: small replies come in the reply message and
-// are copied once, instead of by rendezvous (MakeUcxElementTransport;
-// docs/dataplane.md). Off by default: the client then copies nothing.
-bool EagerSmallRepliesFromEnv() {
-  static const bool on = [] {
-    const char* v = std::getenv("SLUICE_UCX_EAGER_REPLIES");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
+// $SLUICE_UCX_EAGER_REPLIES: whether small replies may come in the reply
+// message, copied once, instead of by rendezvous (EagerReplies;
+// docs/dataplane.md). Read once; a bad value fails Distribute's checks.
+absl::StatusOr<EagerReplies> EagerRepliesFromEnv() {
+  static const absl::StatusOr<EagerReplies> v =
+      ParseEagerReplies(std::getenv("SLUICE_UCX_EAGER_REPLIES"));
+  return v;
 }
 
 // DistributeOptions::compression: the codec asked for, nullopt for AUTO.
@@ -497,8 +495,9 @@ class DataServiceIterator final : public Iterator {
   // fallback; gRPC otherwise.
   absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const proto::TaskInfo& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const internal::ElementTransportOptions o{security_, max_element_bytes_,
-                                              EagerSmallRepliesFromEnv()};
+    const internal::ElementTransportOptions o{
+        security_, max_element_bytes_,
+        EagerRepliesFromEnv().value_or(EagerReplies::kAuto)};
     auto grpc = grpc_->connect(info.worker_address(), o);
     if (protocol_ == grpc_) return grpc;
     if (info.transfer_protocol() != protocol_->name) {
@@ -915,6 +914,7 @@ absl::Status ValidateOptions(const DistributeOptions& o) {
                                                    "off; got '", o.cuda_pinned, "'"));
   }
   SLUICE_RETURN_IF_ERROR(ParseCompression(o.compression).status());
+  SLUICE_RETURN_IF_ERROR(EagerRepliesFromEnv().status());
   SLUICE_ASSIGN_OR_RETURN(
       const internal::TransportProtocol* protocol,
       internal::FindTransportProtocol(o.data_transfer_protocol, "Distribute"));

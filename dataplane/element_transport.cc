@@ -100,4 +100,15 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
       std::move(primary), std::move(fallback), std::move(peer), allow_fallback));
 }
 
+absl::StatusOr<EagerReplies> ParseEagerReplies(const char* value) {
+  if (value == nullptr) return EagerReplies::kAuto;
+  const std::string v(value);
+  if (v == "auto" || v.empty()) return EagerReplies::kAuto;
+  if (v == "0") return EagerReplies::kNever;
+  if (v == "1") return EagerReplies::kAlways;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "SLUICE_UCX_EAGER_REPLIES must be 0 (never), 1 (always) or auto (where the rendezvous "
+      "would copy anyway: tcp); got '", v, "'"));
+}
+
 }  // namespace sluice

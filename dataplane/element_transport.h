@@ -159,18 +159,34 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
     const std::string& address, const ClientSecurity& security = {},
     int64_t max_element_bytes = kDefaultMaxElementBytes);
 
+// Whether a UCX worker may send a small reply (at most 4 KiB of data) in
+// its reply message, which the client copies once into its receive pool
+// (counted in TransportStats::client_payload_bytes_copied), instead of by
+// rendezvous (several messages: about twice the client's CPU per element
+// when replies carry one small element each).
+enum class EagerReplies {
+  kNever,   // always by rendezvous, into the pool without a client copy
+  // Where the rendezvous would copy anyway: once the endpoint's transports
+  // are known (its first reply), if every lane that carries rendezvous data
+  // is tcp (UCX copies a tcp rendezvous's data from its socket buffer into
+  // the pool; shared memory (cma) and RDMA do not copy). The default.
+  kAuto,
+  kAlways,  // whatever the transports
+};
+// "0": kNever, "1": kAlways, unset or "auto": kAuto; anything else is
+// InvalidArgument naming the variable ($SLUICE_UCX_EAGER_REPLIES).
+absl::StatusOr<EagerReplies> ParseEagerReplies(const char* value);
+
 // A UCX endpoint to a worker's UCX listener at "host:port" (elements land
 // in the process's preregistered receive pool). `auth_token` goes in every
 // request; a worker that requires another answers Unauthenticated. UCX
-// traffic is not encrypted (docs/security.md). With `eager_small_replies`
-// the worker sends replies of at most 4 KiB in its reply message, which the
-// client copies once into the pool (counted in
-// TransportStats::client_payload_bytes_copied), instead of by rendezvous:
-// about half the client's CPU per element for small elements; larger
-// replies still arrive without a copy.
+// traffic is not encrypted (docs/security.md). Replies larger than 4 KiB
+// always arrive by rendezvous, without a copy; smaller ones as `eager`
+// says.
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
     const std::string& address, const std::string& auth_token = "",
-    int64_t max_element_bytes = kDefaultMaxElementBytes, bool eager_small_replies = false);
+    int64_t max_element_bytes = kDefaultMaxElementBytes,
+    EagerReplies eager = EagerReplies::kAuto);
 
 // `primary` (UCX) until it fails with Unavailable/DeadlineExceeded before
 // ever delivering a reply (it could not connect); then `fallback` (gRPC)

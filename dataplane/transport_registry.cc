@@ -50,7 +50,7 @@ Registry& TheRegistry() {
     ucx.name = "ucx";
     ucx.connect = [](const std::string& address, const ElementTransportOptions& o) {
       return MakeUcxElementTransport(address, o.security.auth_token, o.max_element_bytes,
-                                     o.copy_small_replies);
+                                     o.eager_replies);
     };
     ucx.serve = [](ElementServerOptions options) -> absl::StatusOr<std::unique_ptr<ElementServer>> {
       return UcxElementServer::Start(std::move(options));

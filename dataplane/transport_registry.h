@@ -29,8 +29,8 @@ struct ElementTransportOptions {
   ClientSecurity security;
   int64_t max_element_bytes = kDefaultMaxElementBytes;
   // Small replies may come by copy when that saves round trips (UCX:
-  // MakeUcxElementTransport's eager_small_replies; gRPC always copies).
-  bool copy_small_replies = false;
+  // MakeUcxElementTransport's `eager`; gRPC always copies).
+  EagerReplies eager_replies = EagerReplies::kAuto;
 };
 
 struct TransportProtocol {

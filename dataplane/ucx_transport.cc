@@ -165,6 +165,8 @@ class UcxEndpoint {
   // The first reply on it: records which transports it uses (wireup is
   // done by then), once.
   void NoteLanes();
+  // Known from the first reply on (NoteLanes): ucx::RendezvousCopies.
+  bool rendezvous_copies() const { return rendezvous_copies_; }
   ucp_ep_h handle() const { return ep_; }
   const std::string& address() const { return address_; }
 
@@ -187,6 +189,7 @@ class UcxEndpoint {
   absl::Status error_;
   std::map<uint64_t, std::shared_ptr<Pending>> requests_;
   bool lanes_noted_ = false;
+  bool rendezvous_copies_ = false;
 };
 
 void Complete(const std::shared_ptr<Pending>& p, absl::StatusOr<ElementResult> r) {
@@ -200,6 +203,7 @@ void UcxEndpoint::NoteLanes() {
   if (lanes_noted_ || ep_ == nullptr) return;
   lanes_noted_ = true;
   std::string lanes = ucx::DescribeLanes(ep_);
+  rendezvous_copies_ = ucx::RendezvousCopies(lanes);
   absl::MutexLock l(&g_lanes_mu);
   if (g_lanes == nullptr) g_lanes = new std::string();
   *g_lanes = std::move(lanes);
@@ -655,7 +659,7 @@ class UcxElementTransport final : public ElementTransport {
   static absl::StatusOr<std::unique_ptr<ElementTransport>> Connect(const std::string& address,
                                                                    const std::string& token,
                                                                    int64_t max_element_bytes,
-                                                                   bool eager_small_replies) {
+                                                                   EagerReplies eager) {
     if (token.size() > kMaxAuthTokenBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("auth token longer than ", kMaxAuthTokenBytes, " bytes"));
@@ -669,7 +673,7 @@ class UcxElementTransport final : public ElementTransport {
     SLUICE_ASSIGN_OR_RETURN(UcxClient * client, UcxClient::Get());
     // The endpoint is taken (or made) by the first request.
     return std::unique_ptr<ElementTransport>(new UcxElementTransport(
-        client, address, token, max_element_bytes, eager_small_replies));
+        client, address, token, max_element_bytes, eager));
   }
 
   ~UcxElementTransport() override {
@@ -711,7 +715,7 @@ class UcxElementTransport final : public ElementTransport {
     h.max_outstanding = static_cast<uint16_t>(
         std::clamp<int64_t>(request.max_outstanding, 1, std::numeric_limits<uint16_t>::max()));
     h.flags = (request.shared_job ? ucx::kRequestSharedJob : 0) |
-              (eager_small_replies_ ? ucx::kRequestEagerSmallReplies : 0);
+              (eager_ == EagerReplies::kAlways ? ucx::kRequestEagerSmallReplies : 0);
     h.client_id = request.client_id;
     h.delivered_seq = request.delivered_seq;
     if (request.resend) h.flags |= ucx::kRequestResend;
@@ -728,12 +732,15 @@ class UcxElementTransport final : public ElementTransport {
     UcxElementTransport* raw = this;
     UcxClient* client = client_;
     // `raw` outlives the closures: its destructor's Run() comes after them.
-    auto send = [raw, client, p, h, tail = std::move(tail)] {
+    auto send = [raw, client, p, h, tail = std::move(tail)]() mutable {
       if (p->Done()) return;  // cancelled while held back
       if (raw->endpoint_ == nullptr || !raw->endpoint_->usable()) {
         auto e = client->EndpointFor(raw->address_);
         if (!e.ok()) return Complete(p, e.status());
         raw->endpoint_ = *std::move(e);
+      }
+      if (raw->eager_ == EagerReplies::kAuto && raw->endpoint_->rendezvous_copies()) {
+        h.flags |= ucx::kRequestEagerSmallReplies;
       }
       client->Send(raw->endpoint_, p, h, tail);
     };
@@ -760,16 +767,16 @@ class UcxElementTransport final : public ElementTransport {
 
  private:
   UcxElementTransport(UcxClient* client, std::string address, std::string token,
-                      int64_t max_element_bytes, bool eager_small_replies)
+                      int64_t max_element_bytes, EagerReplies eager)
       : client_(client), address_(std::move(address)), token_(std::move(token)),
-        max_element_bytes_(max_element_bytes), eager_small_replies_(eager_small_replies),
+        max_element_bytes_(max_element_bytes), eager_(eager),
         state_(std::make_shared<TransportState>()) {}
 
   UcxClient* const client_;
   const std::string address_;
   const std::string token_;  // sent in every request; empty: none
   const int64_t max_element_bytes_;
-  const bool eager_small_replies_;  // see MakeUcxElementTransport
+  const EagerReplies eager_;  // see MakeUcxElementTransport
   const std::shared_ptr<TransportState> state_;
   std::shared_ptr<UcxEndpoint> endpoint_;  // progress thread only
 };
@@ -780,9 +787,8 @@ class UcxElementTransport final : public ElementTransport {
 
 absl::StatusOr<std::unique_ptr<ElementTransport>> MakeUcxElementTransport(
     const std::string& address, const std::string& auth_token, int64_t max_element_bytes,
-    bool eager_small_replies) {
-  return internal::UcxElementTransport::Connect(address, auth_token, max_element_bytes,
-                                                eager_small_replies);
+    EagerReplies eager) {
+  return internal::UcxElementTransport::Connect(address, auth_token, max_element_bytes, eager);
 }
 
 void SetClientDataPlanePlacement(DataPlanePlacement placement) {

@@ -1,11 +1,21 @@
 // sluice-perf pipeline: Distribute throughput of a CPU-bound map
 // (perf_burn) on 1..N worker processes and several max_outstanding_requests.
 // See docs/perf.md.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +34,68 @@ struct PipelineRow {
   double eps = 0;
   double client_cpu_us_per_element = 0;
 };
+
+// The least CPU a client can spend per element on this machine when
+// replies come one at a time, `gap_us` apart: one thread sleeping in poll()
+// on a loopback TCP socket, woken by each reply, reading it (recv) and
+// sending the next request (send); no data plane, no second thread. In
+// this process (its own threads), measured by RUSAGE_THREAD. NaN when the
+// socket setup fails.
+double WakeupFloorUs(double gap_us, int n) {
+  auto thread_cpu_us = [] {
+    rusage r{};
+    getrusage(RUSAGE_THREAD, &r);
+    return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1e6 + r.ru_utime.tv_usec +
+           r.ru_stime.tv_usec;
+  };
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) return std::nan("");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(listener);
+    return std::nan("");
+  }
+  constexpr size_t kRequest = 100, kReply = 200;  // about a request and a small reply
+  const int one = 1;
+  std::thread server([&] {
+    const int s = accept(listener, nullptr, nullptr);
+    if (s < 0) return;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buf[kReply] = {};
+    for (int i = 0; i < n; ++i) {
+      if (recv(s, buf, kRequest, MSG_WAITALL) != static_cast<ssize_t>(kRequest)) break;
+      std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(gap_us));
+      if (send(s, buf, kReply, MSG_NOSIGNAL) != static_cast<ssize_t>(kReply)) break;
+    }
+    close(s);
+  });
+  double floor_us = std::nan("");
+  const int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c >= 0 && connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buf[kReply] = {};
+    const double cpu0 = thread_cpu_us();
+    int done = 0;
+    bool ok = send(c, buf, kRequest, MSG_NOSIGNAL) == static_cast<ssize_t>(kRequest);
+    for (; ok && done < n; ++done) {
+      pollfd p{c, POLLIN, 0};
+      if (poll(&p, 1, 10000) != 1) break;
+      ok = recv(c, buf, kReply, MSG_WAITALL) == static_cast<ssize_t>(kReply);
+      if (ok && done + 1 < n) {
+        ok = send(c, buf, kRequest, MSG_NOSIGNAL) == static_cast<ssize_t>(kRequest);
+      }
+    }
+    if (done == n) floor_us = (thread_cpu_us() - cpu0) / n;
+  }
+  if (c >= 0) close(c);  // ends the server's recv
+  server.join();
+  close(listener);
+  return floor_us;
+}
 
 }  // namespace
 
@@ -89,6 +161,8 @@ absl::Status RunPipeline(const PipelineArgs& a, const std::string& command) {
     }
   }
   progress.Finish();
+  // Replies as far apart as the work per element makes them.
+  const double floor_us = WakeupFloorUs(burn.us_per_element, quick ? 1000 : 3000);
 
   auto base = [&](int64_t m) -> double {
     for (const auto& r : rows) {
@@ -134,6 +208,10 @@ absl::Status RunPipeline(const PipelineArgs& a, const std::string& command) {
               "and their progress threads share this machine's %d cpus, so growth stops near "
               "%d workers.\n",
               workers.front(), machine.nproc, machine.nproc);
+  std::printf("client us/elem floor on this machine: %s us (one thread woken by poll() per "
+              "reply, then recv and send on loopback TCP, replies %.0f us apart; no data plane, "
+              "no thread hand-off; docs/perf.md)\n",
+              Num(floor_us, 1).c_str(), burn.us_per_element);
   std::vector<std::string> notes;
   if (!a.common.plot_path.empty()) {
     std::string s = absl::StrCat(
@@ -164,7 +242,9 @@ absl::Status RunPipeline(const PipelineArgs& a, const std::string& command) {
   report.machine = machine;
   report.fields = {{"transport", JsonQuote(t.name)},
                    {"burn_rounds", absl::StrCat(burn.rounds)},
-                   {"us_per_element_local", absl::StrCat(burn.us_per_element)}};
+                   {"us_per_element_local", absl::StrCat(burn.us_per_element)},
+                   {"client_cpu_us_floor",
+                    std::isfinite(floor_us) ? absl::StrCat(floor_us) : std::string("null")}};
   report.sections = {{"rows", row_json}};
   report.notes = notes;
   return FinishRun(a.common, report, any_failed, scratch);

@@ -62,7 +62,10 @@ class UcxTransportTest : public ::testing::Test {
     auto server = StartServer([this](const ElementRequest& r) { return Serve(r); }, 8);
     ASSERT_OK(server);
     server_ = *std::move(server);
-    auto t = MakeUcxElementTransport(server_->address());
+    // By rendezvous only (the replies' path into the pool is what most
+    // tests here check); EagerReplies: EagerSmallReplies... below.
+    auto t = MakeUcxElementTransport(server_->address(), "", kDefaultMaxElementBytes,
+                                     EagerReplies::kNever);
     ASSERT_OK(t);
     transport_ = *std::move(t);
   }
@@ -154,7 +157,8 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
 // elements alike arrive bit-exact.
 TEST_F(UcxTransportTest, EagerSmallRepliesAreCopiedOnceAndLargeOnesNever) {
   ASSERT_OK_AND_ASSIGN(auto eager, MakeUcxElementTransport(server_->address(), "",
-                                                           kDefaultMaxElementBytes, true));
+                                                           kDefaultMaxElementBytes,
+                                                           EagerReplies::kAlways));
   for (size_t bytes : {size_t{1}, size_t{1000}, size_t{3000}, size_t{5000}, size_t{64} << 10,
                        size_t{3} << 20}) {
     elements_.push_back({Pattern(bytes, static_cast<uint8_t>(elements_.size()))});
@@ -175,11 +179,64 @@ TEST_F(UcxTransportTest, EagerSmallRepliesAreCopiedOnceAndLargeOnesNever) {
       EXPECT_EQ(copied, 0) << r.bytes << "-byte reply";
     }
   }
-  // The default transport never copies, whatever the size.
+  // kNever never copies, whatever the size.
   const TransportStats before = GetTransportStats();
   ASSERT_OK_AND_ASSIGN(ElementResult r, Get(1));
   EXPECT_TRUE(ElementsEqual(r.elements.at(0), elements_[1]));
   EXPECT_EQ(GetTransportStats().client_payload_bytes_copied, before.client_payload_bytes_copied);
+}
+
+// The default, kAuto: small replies come eagerly (copied once) only where a
+// rendezvous would copy them anyway, over tcp; over shared memory (cma
+// rendezvous, one copy by the kernel straight into the pool) never. The
+// first reply on a new endpoint comes by rendezvous: its transports are
+// known from then on.
+TEST_F(UcxTransportTest, EagerSmallRepliesByDefaultOnlyWhereTheRendezvousCopies) {
+  elements_.push_back({Pattern(1000, 1)});
+  ASSERT_OK_AND_ASSIGN(auto t, MakeUcxElementTransport(server_->address()));
+  int64_t copied = 0;
+  std::string lanes;
+  for (int i = 0; i < 3; ++i) {
+    const TransportStats before = GetTransportStats();
+    ElementRequest req;
+    req.task_id = 0;
+    ASSERT_OK_AND_ASSIGN(ElementResult r, t->GetElement(req));
+    EXPECT_TRUE(ElementsEqual(r.elements.at(0), elements_[0]));
+    const TransportStats after = GetTransportStats();
+    lanes = after.ucx_lanes;
+    if (i == 0) {
+      EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
+    } else {
+      copied += after.client_payload_bytes_copied - before.client_payload_bytes_copied;
+    }
+  }
+  if (internal::ucx::RendezvousCopies(lanes)) {
+    EXPECT_THAT(lanes, ::testing::HasSubstr("tcp/"));
+    EXPECT_GE(copied, 2 * 1000) << lanes;
+  } else {
+    EXPECT_THAT(lanes, ::testing::HasSubstr("cma/memory(rma_bw"));
+    EXPECT_EQ(copied, 0) << lanes;
+  }
+}
+
+TEST(EagerRepliesTest, TheEnvironmentsValuesParseAndOthersAreRejected) {
+  EXPECT_EQ(*ParseEagerReplies(nullptr), EagerReplies::kAuto);
+  EXPECT_EQ(*ParseEagerReplies("auto"), EagerReplies::kAuto);
+  EXPECT_EQ(*ParseEagerReplies("0"), EagerReplies::kNever);
+  EXPECT_EQ(*ParseEagerReplies("1"), EagerReplies::kAlways);
+  EXPECT_STATUS(ParseEagerReplies("yes"), absl::StatusCode::kInvalidArgument,
+                "SLUICE_UCX_EAGER_REPLIES must be 0 (never), 1 (always) or auto");
+}
+
+TEST(RendezvousCopiesTest, TcpOrFragmentsCopySharedMemoryAndRdmaDoNot) {
+  using internal::ucx::RendezvousCopies;
+  EXPECT_TRUE(RendezvousCopies("tcp/lo(rma_bw am am_bw wireup) tcp/eth0(rma_bw)"));
+  EXPECT_TRUE(RendezvousCopies("tcp/lo(am am_bw wireup)"));  // no rma lane: AM fragments
+  EXPECT_TRUE(RendezvousCopies("posix/memory(am am_bw keepalive)"));
+  EXPECT_FALSE(RendezvousCopies("posix/memory(am am_bw keepalive) cma/memory(rma_bw)"));
+  EXPECT_FALSE(RendezvousCopies("rc_mlx5/mlx5_0:1(rma_bw am) tcp/eth0(rma_bw)"));
+  EXPECT_FALSE(RendezvousCopies(""));  // unknown: stay without a copy
+  EXPECT_FALSE(RendezvousCopies("garbage"));
 }
 
 TEST_F(UcxTransportTest, ABatchArrivesInOrderInOneReplyWithoutClientCopies) {

@@ -167,6 +167,9 @@ TEST(PerfSmokeTest, PipelineReportsEachWorkerCount) {
     ASSERT_EQ(rows.size(), 1u) << text;
     EXPECT_GT(Field(rows[0], "elements"), 0) << rows[0];
   }
+  // The machine's floor for the client's CPU per element, measured in the run.
+  EXPECT_THAT(text, ::testing::ContainsRegex("\"client_cpu_us_floor\": [0-9.]+[,\n]")) << text;
+  EXPECT_THAT(out, ::testing::HasSubstr("client us/elem floor on this machine: "));
 }
 
 TEST(PerfSmokeTest, EngineReportsEachSection) {
