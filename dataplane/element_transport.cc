@@ -1,9 +1,13 @@
 // ElementTransport::GetElement (waiting on GetElementAsync) and the fallback
 // wrapper (UCX until it fails before ever delivering a reply, then gRPC for
 // good).
+#include <algorithm>
 #include <atomic>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "sluice/dataplane/element_transport.h"
 #include "spdlog/spdlog.h"
@@ -98,6 +102,24 @@ std::unique_ptr<ElementTransport> MakeFallbackTransport(std::unique_ptr<ElementT
                                                        std::string peer, bool allow_fallback) {
   return std::unique_ptr<ElementTransport>(new FallbackTransport(
       std::move(primary), std::move(fallback), std::move(peer), allow_fallback));
+}
+
+bool UcxRendezvousCopies(absl::string_view lanes) {
+  bool any_lane = false;
+  // Lanes are "tl/device(role role ...)", space-separated.
+  for (absl::string_view lane : absl::StrSplit(lanes, ')', absl::SkipWhitespace())) {
+    lane = absl::StripAsciiWhitespace(lane);
+    const size_t open = lane.find('(');
+    if (open == absl::string_view::npos) continue;
+    any_lane = true;
+    const absl::string_view tl = lane.substr(0, std::min(lane.find('/'), open));
+    const std::vector<absl::string_view> roles =
+        absl::StrSplit(lane.substr(open + 1), ' ', absl::SkipEmpty());
+    if (std::find(roles.begin(), roles.end(), "rma_bw") != roles.end() && tl != "tcp") {
+      return false;
+    }
+  }
+  return any_lane;
 }
 
 absl::StatusOr<EagerReplies> ParseEagerReplies(const char* value) {

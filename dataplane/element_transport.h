@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sluice/rpc/security.h"
 #include "sluice/core/frame.h"
@@ -167,12 +168,19 @@ absl::StatusOr<std::unique_ptr<ElementTransport>> MakeGrpcElementTransport(
 enum class EagerReplies {
   kNever,   // always by rendezvous, into the pool without a client copy
   // Where the rendezvous would copy anyway: once the endpoint's transports
-  // are known (its first reply), if every lane that carries rendezvous data
-  // is tcp (UCX copies a tcp rendezvous's data from its socket buffer into
-  // the pool; shared memory (cma) and RDMA do not copy). The default.
+  // are known (its first reply), if UcxRendezvousCopies (tcp: a small PUT's
+  // data arrives with its header in UCX's receive buffer and UCX copies it
+  // into the pool; shared memory (cma) and RDMA do not copy). The default.
   kAuto,
   kAlways,  // whatever the transports
 };
+// Whether a rendezvous on a UCX endpoint whose transports are `lanes` (as
+// TransportStats::ucx_lanes describes them) lands its data by a copy
+// anyway: every lane that carries rendezvous data (rma_bw) is tcp, or none
+// does (UCX then sends the data as active-message fragments). False for
+// shared memory (cma), RDMA, and unknown (empty) lanes. EagerReplies::kAuto
+// asks for eager small replies where this holds.
+bool UcxRendezvousCopies(absl::string_view lanes);
 // "0": kNever, "1": kAlways, unset or "auto": kAuto; anything else is
 // InvalidArgument naming the variable ($SLUICE_UCX_EAGER_REPLIES).
 absl::StatusOr<EagerReplies> ParseEagerReplies(const char* value);

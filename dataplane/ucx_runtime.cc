@@ -6,7 +6,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -497,24 +496,6 @@ std::string DescribeLanes(ucp_ep_h ep) {
     out.push_back(absl::StrCat(tl, "(", absl::StrJoin(roles, " "), ")"));
   }
   return absl::StrJoin(out, " ");
-}
-
-bool RendezvousCopies(absl::string_view lanes) {
-  bool any_lane = false;
-  // Lanes are "tl/device(role role ...)", space-separated.
-  for (absl::string_view lane : absl::StrSplit(lanes, ')', absl::SkipWhitespace())) {
-    lane = absl::StripAsciiWhitespace(lane);
-    const size_t open = lane.find('(');
-    if (open == absl::string_view::npos) continue;
-    any_lane = true;
-    const absl::string_view tl = lane.substr(0, std::min(lane.find('/'), open));
-    const std::vector<absl::string_view> roles =
-        absl::StrSplit(lane.substr(open + 1), ' ', absl::SkipEmpty());
-    if (std::find(roles.begin(), roles.end(), "rma_bw") != roles.end() && tl != "tcp") {
-      return false;
-    }
-  }
-  return any_lane;
 }
 
 void CloseEndpointForce(ucp_ep_h ep) {

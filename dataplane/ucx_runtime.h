@@ -175,12 +175,6 @@ std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults(
 // own endpoint description (ucp_ep_print_info), e.g.
 // "posix/memory(am am_bw keepalive) cma/memory(rma_bw)".
 std::string DescribeLanes(ucp_ep_h ep);
-// Whether, by DescribeLanes' `lanes`, a rendezvous on that endpoint lands
-// its data by a copy anyway: every lane that carries rendezvous data
-// (rma_bw) is tcp, or none does (UCX then sends it as active-message
-// fragments). False for shared memory (cma), RDMA, and unknown (empty)
-// lanes. EagerReplies::kAuto sends small replies eagerly where this holds.
-bool RendezvousCopies(absl::string_view lanes);
 
 // $SLUICE_UCX_BUSY_POLL=1 makes progress threads busy-poll.
 bool BusyPollFromEnv();

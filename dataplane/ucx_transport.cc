@@ -165,7 +165,7 @@ class UcxEndpoint {
   // The first reply on it: records which transports it uses (wireup is
   // done by then), once.
   void NoteLanes();
-  // Known from the first reply on (NoteLanes): ucx::RendezvousCopies.
+  // Known from the first reply on (NoteLanes): UcxRendezvousCopies.
   bool rendezvous_copies() const { return rendezvous_copies_; }
   ucp_ep_h handle() const { return ep_; }
   const std::string& address() const { return address_; }
@@ -203,7 +203,7 @@ void UcxEndpoint::NoteLanes() {
   if (lanes_noted_ || ep_ == nullptr) return;
   lanes_noted_ = true;
   std::string lanes = ucx::DescribeLanes(ep_);
-  rendezvous_copies_ = ucx::RendezvousCopies(lanes);
+  rendezvous_copies_ = UcxRendezvousCopies(lanes);
   absl::MutexLock l(&g_lanes_mu);
   if (g_lanes == nullptr) g_lanes = new std::string();
   *g_lanes = std::move(lanes);

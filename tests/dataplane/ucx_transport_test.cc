@@ -210,7 +210,7 @@ TEST_F(UcxTransportTest, EagerSmallRepliesByDefaultOnlyWhereTheRendezvousCopies)
       copied += after.client_payload_bytes_copied - before.client_payload_bytes_copied;
     }
   }
-  if (internal::ucx::RendezvousCopies(lanes)) {
+  if (UcxRendezvousCopies(lanes)) {
     EXPECT_THAT(lanes, ::testing::HasSubstr("tcp/"));
     EXPECT_GE(copied, 2 * 1000) << lanes;
   } else {
@@ -228,15 +228,14 @@ TEST(EagerRepliesTest, TheEnvironmentsValuesParseAndOthersAreRejected) {
                 "SLUICE_UCX_EAGER_REPLIES must be 0 (never), 1 (always) or auto");
 }
 
-TEST(RendezvousCopiesTest, TcpOrFragmentsCopySharedMemoryAndRdmaDoNot) {
-  using internal::ucx::RendezvousCopies;
-  EXPECT_TRUE(RendezvousCopies("tcp/lo(rma_bw am am_bw wireup) tcp/eth0(rma_bw)"));
-  EXPECT_TRUE(RendezvousCopies("tcp/lo(am am_bw wireup)"));  // no rma lane: AM fragments
-  EXPECT_TRUE(RendezvousCopies("posix/memory(am am_bw keepalive)"));
-  EXPECT_FALSE(RendezvousCopies("posix/memory(am am_bw keepalive) cma/memory(rma_bw)"));
-  EXPECT_FALSE(RendezvousCopies("rc_mlx5/mlx5_0:1(rma_bw am) tcp/eth0(rma_bw)"));
-  EXPECT_FALSE(RendezvousCopies(""));  // unknown: stay without a copy
-  EXPECT_FALSE(RendezvousCopies("garbage"));
+TEST(UcxRendezvousCopiesTest, TcpOrFragmentsCopySharedMemoryAndRdmaDoNot) {
+  EXPECT_TRUE(UcxRendezvousCopies("tcp/lo(rma_bw am am_bw wireup) tcp/eth0(rma_bw)"));
+  EXPECT_TRUE(UcxRendezvousCopies("tcp/lo(am am_bw wireup)"));  // no rma lane: AM fragments
+  EXPECT_TRUE(UcxRendezvousCopies("posix/memory(am am_bw keepalive)"));
+  EXPECT_FALSE(UcxRendezvousCopies("posix/memory(am am_bw keepalive) cma/memory(rma_bw)"));
+  EXPECT_FALSE(UcxRendezvousCopies("rc_mlx5/mlx5_0:1(rma_bw am) tcp/eth0(rma_bw)"));
+  EXPECT_FALSE(UcxRendezvousCopies(""));  // unknown: stay without a copy
+  EXPECT_FALSE(UcxRendezvousCopies("garbage"));
 }
 
 TEST_F(UcxTransportTest, ABatchArrivesInOrderInOneReplyWithoutClientCopies) {

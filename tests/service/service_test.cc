@@ -20,7 +20,6 @@
 #include <set>
 #include <thread>
 
-#include "absl/strings/match.h"
 #include "sluice/client/distribute.h"
 #include "sluice/core/status.h"
 #include "sluice/control/dispatch_server.h"
@@ -617,12 +616,6 @@ TEST_P(ServiceTest, OneElementPerReplyWhenAskedBoundsWhatTheClientHoldsToTheRequ
   EXPECT_EQ(rest.size(), 995u);
 }
 
-// Whether the client's UCX lanes copy a rendezvous's data anyway (tcp),
-// where replies of at most 4 KiB come by copy (EagerReplies::kAuto).
-bool RendezvousCopies(const TransportStats& s) {
-  return !absl::StrContains(s.ucx_lanes, "cma/memory(rma_bw");
-}
-
 TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
   StartService(1);
   TransportStats before = GetTransportStats();
@@ -639,7 +632,7 @@ TEST_P(ServiceTest, SmallElementsArriveExactlyOnceAndAreBatchedOverUcx) {
     EXPECT_GT(after.worker_batched_replies, before.worker_batched_replies);
     // Replies of at most 4 KiB come by copy only where a rendezvous would
     // copy them too (tcp: EagerReplies::kAuto); over shared memory never.
-    if (!RendezvousCopies(after)) {
+    if (!UcxRendezvousCopies(after.ucx_lanes)) {
       EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
     }
   }
@@ -729,7 +722,7 @@ TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
   TransportStats after = GetTransportStats();
   if (GetParam() == "ucx") {
     EXPECT_EQ(after.ucx_elements_received - before.ucx_elements_received, 2);
-    if (!RendezvousCopies(after)) {
+    if (!UcxRendezvousCopies(after.ucx_lanes)) {
       EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
     }
     // The worker built the tuple's frame in its registered send pool and
