@@ -86,15 +86,24 @@ namespace {
 //    path aborts the process in UCX 1.13 ("failed to modify ... event
 //    handler", ucp_worker.c:634). Keeping interfaces active costs nothing
 //    measurable here (sluice-perf transport, docs/dataplane.md).
-//  - POSIX_ERROR_HANDLING=y, SYSV_ERROR_HANDLING=y, CMA_MEMORY_INVALIDATE=y:
-//    same-host peers over shared memory. sluice's endpoints ask for peer
-//    error handling (a dead worker must fail requests, not hang them), and
-//    UCX 1.13 then keeps only transports that declare it: the mm transports
-//    declare it only with *_ERROR_HANDLING=y (they detect a dead peer
-//    through its shared-memory file, UCX's keepalive runs on them), and
-//    cma's rendezvous lane needs memory invalidation. Without these, a
-//    worker and a client on one host talk over tcp loopback. SLUICE_UCX_SHM=0
-//    leaves them unset.
+//  - CMA_MEMORY_INVALIDATE=y: same-host peers move element data over
+//    shared memory. sluice's endpoints ask for peer error handling (a dead
+//    worker must fail requests, not hang them), and UCX 1.13 then keeps
+//    only transports that declare it; cma's rendezvous lane needs memory
+//    invalidation to. With it, a worker and a client on one host send their
+//    messages over tcp loopback and the rendezvous data by cma (the kernel
+//    copies from one process straight into the other's registered memory).
+//    SLUICE_UCX_SHM=0 leaves it unset (data over tcp loopback too).
+//    Not POSIX_ERROR_HANDLING / SYSV_ERROR_HANDLING (which let the mm
+//    transports carry messages too, set here until 2026-12-06): an mm
+//    receive FIFO is shared by every sender, which claims a slot (a CAS on
+//    the FIFO's head) and then marks it written (the element's owner bit,
+//    uct_mm_ep_am_common_send in mm_ep.c). A sender killed in between
+//    leaves a slot that is never marked, and the receiver, reading in
+//    order, waits on it forever: a worker SIGKILLed mid-reply wedged its
+//    client's FIFO, and that client heard nothing more from any same-host
+//    worker (MembershipTest.TwoConsumersOfASharedJob...UnderWorkerKills/
+//    ucx_shm hung in 1 to 3 of 16 runs; 0 of 16 without them).
 // They are set in the environment (unless already set: a UCX_* variable the
 // user set wins) before UCX reads it: ucp_config_modify does not reach the
 // transports' own settings.
@@ -110,8 +119,6 @@ struct TransportSetting {
   const char* value;
 };
 constexpr TransportSetting kUcxSharedMemoryDefaults[] = {
-    {"posix", "POSIX_ERROR_HANDLING", "y"},
-    {"sysv", "SYSV_ERROR_HANDLING", "y"},
     {"cma", "CMA_MEMORY_INVALIDATE", "y"},
 };
 
