@@ -91,7 +91,11 @@ TEST(PerfSmokeTest, TransportReportsOneRowPerSizeAndTransport) {
       EXPECT_GT(Field(rows[0], "elements"), 0) << rows[0];
       EXPECT_GT(Field(rows[0], "latency_samples"), 0) << rows[0];
       if (transport == "ucx-tcp") {
-        EXPECT_EQ(Field(rows[0], "client_payload_bytes_copied"), 0) << rows[0];
+        // Replies of at most 4 KiB come eagerly over tcp (EagerReplies::kAuto:
+        // a slow run, e.g. under ASan, batches fewer elements per reply):
+        // each payload byte is copied at most once.
+        EXPECT_LE(Field(rows[0], "client_payload_bytes_copied"), Field(rows[0], "bytes"))
+            << rows[0];
         EXPECT_GT(Field(rows[0], "ucx_elements_received"), 0) << rows[0];
       }
     }
