@@ -134,7 +134,8 @@ TEST(PerfSmokeTest, TransportReportsPythonAndTorchRows) {
       ASSERT_EQ(py.size(), 1u) << size << "\n" << text;
       EXPECT_GT(Field(py[0], "elements"), 0) << py[0];
       EXPECT_GT(Field(py[0], "latency_samples"), 0) << py[0];
-      EXPECT_EQ(Field(py[0], "client_payload_bytes_copied"), 0) << py[0];
+      // As above: small replies over tcp may be copied once, never more.
+      EXPECT_LE(Field(py[0], "client_payload_bytes_copied"), Field(py[0], "bytes")) << py[0];
       EXPECT_NE(py[0].find("\"ratio_vs_cpp\":"), std::string::npos) << py[0];
     }
     auto torch = Rows(text, absl::StrCat("\"client\":\"torch\",\"transport\":\"DataLoader\""
