@@ -89,9 +89,10 @@ double WakeupFloorUs(double gap_us, int n) {
         ok = send(c, buf, kRequest, MSG_NOSIGNAL) == static_cast<ssize_t>(kRequest);
       }
     }
-    if (done == n) floor_us = (thread_cpu_us() - cpu0) / n;
+    if (ok && done == n) floor_us = (thread_cpu_us() - cpu0) / n;
   }
   if (c >= 0) close(c);  // ends the server's recv
+  shutdown(listener, SHUT_RDWR);  // ends its accept, had the connect failed
   server.join();
   close(listener);
   return floor_us;
