@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "sluice/core/huge_pages.h"
 
 namespace sluice {
 
@@ -53,6 +54,30 @@ constexpr bool kRecycle = true;
 constexpr bool kRecycle = true;
 #endif
 
+// A block of memory and how it was made. Blocks of a huge page or more
+// are mapped on their own, aligned and advised for huge pages
+// (huge_pages.h), when recycling (not under a sanitizer, which tracks only
+// the heap) and huge pages are on; the heap serves the others, and any the
+// kernel would not map (out of mappings: vm.max_map_count).
+struct Block {
+  void* p = nullptr;
+  size_t size = 0;
+  bool mapped = false;
+};
+Block NewBlock(size_t size) {
+  if (kRecycle && size >= kHugePageBytes && HugePagesEnabled()) {
+    if (void* p = MapHugePageAligned(size)) return {p, size, true};
+  }
+  return {std::aligned_alloc(64, size), size, false};
+}
+void FreeBlock(const Block& b) {
+  if (b.mapped) {
+    UnmapHugePageAligned(b.p, b.size);
+  } else {
+    std::free(b.p);
+  }
+}
+
 // Freed large blocks, most recently freed first (AllocateAligned).
 class BlockCache {
  public:
@@ -61,34 +86,35 @@ class BlockCache {
     static BlockCache* cache = new BlockCache;
     return *cache;
   }
-  void* Take(size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
+  // A freed block of `size`, or one with a null p.
+  Block Take(size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
-      if (it->second != size) continue;
-      void* p = it->first;
+      if (it->size != size) continue;
+      Block b = *it;
       bytes_ -= size;
       blocks_.erase(it);
-      return p;
+      return b;
     }
-    return nullptr;
+    return {};
   }
-  void Put(void* p, size_t size) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::list<std::pair<void*, size_t>> evicted;
+  void Put(const Block& b) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::list<Block> evicted;
     {
       absl::MutexLock l(&mu_);
-      blocks_.emplace_front(p, size);
-      bytes_ += size;
+      blocks_.push_front(b);
+      bytes_ += b.size;
       while (bytes_ > kRecycledCacheBytes) {
-        bytes_ -= blocks_.back().second;
+        bytes_ -= blocks_.back().size;
         evicted.splice(evicted.begin(), blocks_, std::prev(blocks_.end()));
       }
     }
-    for (auto& [q, n] : evicted) std::free(q);
+    for (const Block& e : evicted) FreeBlock(e);
   }
 
  private:
   absl::Mutex mu_;
-  std::list<std::pair<void*, size_t>> blocks_ ABSL_GUARDED_BY(mu_);
+  std::list<Block> blocks_ ABSL_GUARDED_BY(mu_);
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -100,16 +126,19 @@ std::shared_ptr<uint8_t> AllocateAligned(size_t bytes, bool zeroed) {
   // Recycled blocks come in 64 KiB steps, so near sizes share them.
   const bool recycle = kRecycle && rounded >= kRecycledBlockBytes;
   if (recycle) rounded = (rounded + 65535) / 65536 * 65536;
-  void* p = recycle ? BlockCache::Get().Take(rounded) : nullptr;
-  if (p == nullptr) p = std::aligned_alloc(64, rounded);
-  if (p == nullptr) return nullptr;
-  if (zeroed) std::memset(p, 0, rounded);
-  if (recycle) {
-    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [rounded](uint8_t* q) {
-      BlockCache::Get().Put(q, rounded);
-    });
+  Block b = recycle ? BlockCache::Get().Take(rounded) : Block{};
+  bool fresh_mapping = false;  // reads as zeros already
+  if (b.p == nullptr) {
+    b = NewBlock(rounded);
+    fresh_mapping = b.mapped;
   }
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+  if (b.p == nullptr) return nullptr;
+  if (zeroed && !fresh_mapping) std::memset(b.p, 0, rounded);
+  if (recycle) {
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(b.p),
+                                    [b](uint8_t*) { BlockCache::Get().Put(b); });
+  }
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(b.p), [b](uint8_t*) { FreeBlock(b); });
 }
 
 Tensor Tensor::AllocateUnchecked(DType dtype, TensorShape shape, size_t bytes) {

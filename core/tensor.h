@@ -149,7 +149,9 @@ constexpr DType DTypeOf();
 // a freed one is kept (up to kRecycledCacheBytes in all, the oldest freed
 // first beyond that) for the next allocation of the same size, so a
 // pipeline producing fresh large tensors does not fault in every page of
-// each one. Sanitizer builds do not recycle.
+// each one. Blocks of kHugePageBytes or more are their own mappings, aligned
+// and advised for huge pages (huge_pages.h), unless that is turned off.
+// Sanitizer builds do not recycle and take every block from the heap.
 inline constexpr size_t kRecycledBlockBytes = size_t{1} << 20;
 inline constexpr size_t kRecycledCacheBytes = size_t{256} << 20;
 std::shared_ptr<uint8_t> AllocateAligned(size_t bytes, bool zeroed = true);

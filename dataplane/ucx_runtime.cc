@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
+#include "sluice/core/huge_pages.h"
 #include "sluice/core/status.h"
 
 namespace sluice::internal::ucx {
@@ -201,6 +202,19 @@ Context::~Context() { ucp_cleanup(h_); }
 
 absl::StatusOr<std::shared_ptr<Memory>> Memory::Allocate(std::shared_ptr<Context> ctx,
                                                          size_t bytes) {
+  // Large buffers are our own mapping, on huge pages: UCX would allocate
+  // them as SysV or POSIX shared memory wherever those transports load,
+  // which the kernel backs with small pages (huge_pages.h).
+  if (bytes >= kHugePageBytes && HugePagesEnabled()) {
+    void* p = MapHugePageAligned(bytes);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes"));
+    }
+    std::memset(p, 0, bytes);  // first touch, as below
+    std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(p),
+                                   [bytes](uint8_t* q) { UnmapHugePageAligned(q, bytes); });
+    return Register(std::move(ctx), std::move(owner), bytes);
+  }
   ucp_mem_map_params_t p{};
   p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;

@@ -58,7 +58,9 @@ class Context final {
   ucp_context_h h_;
 };
 
-// Registered memory (ucp_mem_map allocates it; the pages are touched once).
+// Registered memory, its pages touched once: ucp_mem_map allocates it, or,
+// from kHugePageBytes up, an anonymous mapping on huge pages does
+// (core/huge_pages.h).
 class Memory final {
  public:
   static absl::StatusOr<std::shared_ptr<Memory>> Allocate(std::shared_ptr<Context> ctx,

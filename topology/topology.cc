@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "sluice/core/huge_pages.h"
 
 namespace sluice {
 
@@ -209,7 +210,8 @@ absl::StatusOr<std::shared_ptr<uint8_t>> Topology::AllocateOnNode(size_t bytes, 
                                                      " bytes on NUMA node ", node, ": ",
                                                      std::strerror(errno)));
   }
-  std::memset(p, 0, bytes);  // first touch: the pages now exist on the node
+  AdviseHugePages(p, bytes);  // before the first touch (huge_pages.h)
+  std::memset(p, 0, bytes);   // first touch: the pages now exist on the node
   std::shared_ptr<HwlocHandle> h = impl_->handle;
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [h, bytes](uint8_t* q) {
     hwloc_free(h->topo, q, bytes);

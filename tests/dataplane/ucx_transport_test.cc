@@ -19,6 +19,7 @@
 #include "sluice/dataplane/ucx_protocol.h"
 #include "sluice/dataplane/ucx_runtime.h"
 #include "sluice/dataplane/ucx_server.h"
+#include "tests/huge_pages_util.h"
 #include "tests/test_util.h"
 
 namespace sluice {
@@ -454,6 +455,17 @@ TEST(UcxWorkerTest, PostWakesTheSleepingProgressThread) {
   chained.WaitForNotification();
   EXPECT_EQ(ran, 30);
   EXPECT_EQ(worker->missed_wakeups(), 0);
+}
+
+// Registered buffers that bulk data crosses (arenas without a placement,
+// dedicated buffers) are backed by huge pages: a same-host (cma) transfer
+// walks and pins every page of them.
+TEST(UcxMemoryTest, LargeRegisteredBuffersAreBackedByHugePages) {
+  SLUICE_SKIP_WITHOUT_HUGE_PAGES();
+  namespace ucx = internal::ucx;
+  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
+  ASSERT_OK_AND_ASSIGN(auto mem, ucx::Memory::Allocate(ctx, size_t{8} << 20));
+  EXPECT_GT(sluice_test::AnonHugeKbOf(mem->data()), 0);
 }
 
 // A request of another protocol version (here version 3, whose header was

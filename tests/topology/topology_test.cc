@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "tests/huge_pages_util.h"
 #include "tests/test_util.h"
 
 #ifndef SLUICE_TOPOLOGY_DATA_DIR
@@ -654,6 +655,17 @@ TEST(TopologySystemTest, AllocateOnFirstNode) {
   EXPECT_EQ(mem.get()[bytes - 1], 0xab);
   ASSERT_OK_AND_ASSIGN(std::vector<int> where, t->MemoryLocation(mem.get(), bytes));
   EXPECT_THAT(where, ElementsAre(node));
+}
+
+// Memory bound to a node for the data plane's arenas is advised for huge
+// pages before its first touch.
+TEST(TopologySystemTest, LargeAllocationsOnANodeAreBackedByHugePages) {
+  SLUICE_SKIP_WITHOUT_HUGE_PAGES();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Topology> t, Topology::LoadSystem());
+  ASSERT_FALSE(t->numa_nodes().empty());
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<uint8_t> mem,
+                       t->AllocateOnNode(8 * kMiB, t->numa_nodes()[0].os_index));
+  EXPECT_GT(sluice_test::AnonHugeKbOf(mem.get()), 0);
 }
 
 TEST(TopologySystemTest, AllocationOutlivesTopology) {
