@@ -91,7 +91,7 @@ namespace {
 //    shared memory. sluice's endpoints ask for peer error handling (a dead
 //    worker must fail requests, not hang them), and UCX 1.13 then keeps
 //    only transports that declare it; cma's rendezvous lane needs memory
-//    invalidation to. With it, a worker and a client on one host send their
+//    invalidation as well. With it, a worker and a client on one host send their
 //    messages over tcp loopback and the rendezvous data by cma (the kernel
 //    copies from one process straight into the other's registered memory).
 //    SLUICE_UCX_SHM=0 leaves it unset (data over tcp loopback too).
