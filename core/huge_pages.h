@@ -6,7 +6,7 @@
 // 2 MiB or more: a same-host transfer (UCX's cma, process_vm_readv) walks
 // and pins every page of both buffers, 4096 of them per side for a 16 MiB
 // element on 4 KiB pages and 8 on 2 MiB pages. On the transport suite's
-// 16 MiB same-host row that is 1.8x the GB/s (perf/RESULTS.md).
+// 16 MiB same-host row that was 1.6x the GB/s (perf/RESULTS.md).
 //
 // $SLUICE_HUGE_PAGES=0 (or off/false/no) turns it off for the process; it is
 // read once. Where the kernel's mode is "never" the advice does nothing.

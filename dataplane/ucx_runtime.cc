@@ -91,9 +91,10 @@ namespace {
 //    shared memory. sluice's endpoints ask for peer error handling (a dead
 //    worker must fail requests, not hang them), and UCX 1.13 then keeps
 //    only transports that declare it; cma's rendezvous lane needs memory
-//    invalidation as well. With it, a worker and a client on one host send their
-//    messages over tcp loopback and the rendezvous data by cma (the kernel
-//    copies from one process straight into the other's registered memory).
+//    invalidation as well. With it, a worker and a client on one host send
+//    their messages over tcp loopback and the rendezvous data by cma (the
+//    kernel copies from one process straight into the other's registered
+//    memory).
 //    SLUICE_UCX_SHM=0 leaves it unset (data over tcp loopback too).
 //    Not POSIX_ERROR_HANDLING / SYSV_ERROR_HANDLING (which let the mm
 //    transports carry messages too, set here until 2026-12-06): an mm
@@ -204,16 +205,15 @@ absl::StatusOr<std::shared_ptr<Memory>> Memory::Allocate(std::shared_ptr<Context
                                                          size_t bytes) {
   // Large buffers are our own mapping, on huge pages: UCX would allocate
   // them as SysV or POSIX shared memory wherever those transports load,
-  // which the kernel backs with small pages (huge_pages.h).
+  // which the kernel backs with small pages (huge_pages.h). UCX allocates
+  // when the kernel refuses the mapping.
   if (bytes >= kHugePageBytes && HugePagesEnabled()) {
-    void* p = MapHugePageAligned(bytes);
-    if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes"));
+    if (void* mapped = MapHugePageAligned(bytes)) {
+      std::memset(mapped, 0, bytes);  // first touch, as below
+      std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(mapped),
+                                     [bytes](uint8_t* q) { UnmapHugePageAligned(q, bytes); });
+      return Register(std::move(ctx), std::move(owner), bytes);
     }
-    std::memset(p, 0, bytes);  // first touch, as below
-    std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(p),
-                                   [bytes](uint8_t* q) { UnmapHugePageAligned(q, bytes); });
-    return Register(std::move(ctx), std::move(owner), bytes);
   }
   ucp_mem_map_params_t p{};
   p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
