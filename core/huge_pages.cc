@@ -36,15 +36,6 @@ bool HugePagesEnabled() {
   return enabled;
 }
 
-bool AdviseHugePages(void* data, size_t bytes) {
-  if (data == nullptr || bytes < kHugePageBytes || !HugePagesEnabled()) return false;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
-  if (end <= begin) return false;
-  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE) == 0;
-}
-
 void* MapHugePageAligned(size_t bytes) {
   if (bytes == 0) return nullptr;
   // Over-map by one huge page and cut the ends off, so the start is aligned.
@@ -54,11 +45,15 @@ void* MapHugePageAligned(size_t bytes) {
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (start + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t end = (aligned + bytes + page - 1) / page * page;
-  if (aligned > start) munmap(raw, aligned - start);
-  if (start + span > end) munmap(reinterpret_cast<void*>(end), start + span - end);
+  const uintptr_t end = (aligned + bytes + page - 1) / page * page;  // the mapping's own tail page
+  if ((aligned > start && munmap(raw, aligned - start) != 0) ||
+      (start + span > end && munmap(reinterpret_cast<void*>(end), start + span - end) != 0)) {
+    munmap(raw, span);  // a cut failed (out of mappings): give it all back
+    return nullptr;
+  }
   void* p = reinterpret_cast<void*>(aligned);
-  AdviseHugePages(p, bytes);
+  // The whole mapping, tail page included: one VMA, not split at the end.
+  if (HugePagesEnabled()) madvise(p, end - aligned, MADV_HUGEPAGE);
   return p;
 }
 

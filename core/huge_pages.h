@@ -17,7 +17,7 @@
 
 namespace sluice {
 
-// Buffers from this size up are advised (one huge page).
+// Buffers from this size up are mapped on huge pages (one huge page).
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // The switch's meaning for a value of $SLUICE_HUGE_PAGES (null: unset):
@@ -28,16 +28,10 @@ std::optional<bool> ParseHugePagesSetting(const char* value);
 // an unknown value warns once and keeps them on).
 bool HugePagesEnabled();
 
-// Asks for huge pages on the whole 4 KiB pages of [data, data + bytes), for
-// memory not yet touched. Does nothing below kHugePageBytes or when turned
-// off. Returns whether the kernel took the advice. Never fails otherwise:
-// memory without huge pages works the same, only slower to transfer.
-bool AdviseHugePages(void* data, size_t bytes);
-
 // Anonymous memory of `bytes`, aligned to kHugePageBytes (so every whole
-// 2 MiB of it can be one huge page, also on kernels that do not align large
-// mappings themselves) and advised; null when the kernel refuses. Free it
-// with UnmapHugePageAligned(p, bytes).
+// 2 MiB of it can be one huge page, also on kernels before 6.7, which do not
+// align large mappings themselves) and advised when huge pages are on; null
+// when the kernel refuses. Free it with UnmapHugePageAligned(p, bytes).
 void* MapHugePageAligned(size_t bytes);
 void UnmapHugePageAligned(void* data, size_t bytes);
 

@@ -192,17 +192,32 @@ absl::StatusOr<std::shared_ptr<uint8_t>> Topology::AllocateOnNode(size_t bytes, 
   }
   hwloc_bitmap_t set = hwloc_bitmap_alloc();
   hwloc_bitmap_set(set, static_cast<unsigned>(node));
+  hwloc_topology_t topo = impl_->handle->topo;
+  // From a huge page up: an aligned mapping on huge pages (huge_pages.h),
+  // bound in place before its first touch; below, hwloc maps and binds.
+  const bool huge = bytes >= kHugePageBytes && HugePagesEnabled();
+  auto allocate = [&](int flags) -> void* {
+    if (!huge) return hwloc_alloc_membind(topo, bytes, set, HWLOC_MEMBIND_BIND, flags);
+    void* m = MapHugePageAligned(bytes);
+    if (m == nullptr) return nullptr;
+    if (hwloc_set_area_membind(topo, m, bytes, set, HWLOC_MEMBIND_BIND, flags) == 0 ||
+        !(flags & HWLOC_MEMBIND_STRICT)) {
+      return m;  // not strict: bound as far as the kernel allows
+    }
+    const int err = errno;
+    UnmapHugePageAligned(m, bytes);
+    errno = err;
+    return nullptr;
+  };
   // Strict first: a binding the kernel refuses must not pass silently.
-  void* p = hwloc_alloc_membind(impl_->handle->topo, bytes, set, HWLOC_MEMBIND_BIND,
-                                HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT);
+  void* p = allocate(HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT);
   if (p == nullptr) {
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
       std::fprintf(stderr, "sluice: cannot bind memory to NUMA node %d strictly (%s); "
                    "allocating with a non-strict binding\n", node, std::strerror(errno));
     }
-    p = hwloc_alloc_membind(impl_->handle->topo, bytes, set, HWLOC_MEMBIND_BIND,
-                            HWLOC_MEMBIND_BYNODESET);
+    p = allocate(HWLOC_MEMBIND_BYNODESET);
   }
   hwloc_bitmap_free(set);
   if (p == nullptr) {
@@ -210,11 +225,14 @@ absl::StatusOr<std::shared_ptr<uint8_t>> Topology::AllocateOnNode(size_t bytes, 
                                                      " bytes on NUMA node ", node, ": ",
                                                      std::strerror(errno)));
   }
-  AdviseHugePages(p, bytes);  // before the first touch (huge_pages.h)
-  std::memset(p, 0, bytes);   // first touch: the pages now exist on the node
+  std::memset(p, 0, bytes);  // first touch: the pages now exist on the node
   std::shared_ptr<HwlocHandle> h = impl_->handle;
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [h, bytes](uint8_t* q) {
-    hwloc_free(h->topo, q, bytes);
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [h, bytes, huge](uint8_t* q) {
+    if (huge) {
+      UnmapHugePageAligned(q, bytes);
+    } else {
+      hwloc_free(h->topo, q, bytes);
+    }
   });
 }
 

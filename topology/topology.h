@@ -53,9 +53,9 @@ class Topology {
 
   // Binds the calling thread to `cpus` (OS indexes). Only on this system.
   absl::Status BindCurrentThread(const std::vector<int>& cpus) const;
-  // Allocates `bytes` bound to NUMA node `node` (OS index), advised for
-  // huge pages (core/huge_pages.h), touching every page; the owner frees
-  // it. Only on this system.
+  // Allocates `bytes` bound to NUMA node `node` (OS index), touching every
+  // page; from 2 MiB up, an aligned mapping on huge pages
+  // (core/huge_pages.h). The owner frees it. Only on this system.
   absl::StatusOr<std::shared_ptr<uint8_t>> AllocateOnNode(size_t bytes, int node) const;
   // The NUMA nodes (OS indexes) the pages of [data, data + bytes) live on.
   absl::StatusOr<std::vector<int>> MemoryLocation(const void* data, size_t bytes) const;

@@ -659,13 +659,14 @@ TEST(TopologySystemTest, AllocateOnFirstNode) {
 
 // Memory bound to a node for the data plane's arenas is advised for huge
 // pages before its first touch.
-TEST(TopologySystemTest, LargeAllocationsOnANodeAreBackedByHugePages) {
+TEST(TopologySystemTest, LargeAllocationsOnANodeAreAlignedAndAdvisedForHugePages) {
   SLUICE_SKIP_WITHOUT_HUGE_PAGES();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Topology> t, Topology::LoadSystem());
   ASSERT_FALSE(t->numa_nodes().empty());
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<uint8_t> mem,
                        t->AllocateOnNode(8 * kMiB, t->numa_nodes()[0].os_index));
-  EXPECT_GT(sluice_test::AnonHugeKbOf(mem.get()), 0);
+  EXPECT_TRUE(sluice_test::HugePagesAdvised(mem.get()));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(mem.get()) % kHugePageBytes, 0u);
 }
 
 TEST(TopologySystemTest, AllocationOutlivesTopology) {
