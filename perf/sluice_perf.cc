@@ -96,6 +96,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   transport->add_option("--seconds", ta.seconds, "timed pass per row (default 0.8 quick, 3 full)");
   transport->add_option("--max_elements", ta.max_elements, "cap on elements per timed pass");
+  transport->add_option("--max_bytes", ta.max_bytes,
+                        "cap on payload bytes per timed pass (default: what 32 GB/s moves in "
+                        "--seconds, at least 1 GiB quick and 8 GiB full)");
   transport->add_option("--latency_elements", ta.latency_elements,
                         "Next() calls timed in the latency pass (0 skips it)");
   transport->add_flag("--no_ceilings", ta.no_ceilings, "skip ucx_perftest");

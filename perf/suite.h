@@ -141,6 +141,7 @@ struct TransportArgs {
   int64_t max_outstanding = 8;
   double seconds = 0;             // 0: by mode
   int64_t max_elements = 0;       // 0: by mode
+  int64_t max_bytes = 0;          // 0: enough for --seconds (see transport.cc)
   int64_t latency_elements = -1;  // -1: by mode
   bool no_ceilings = false;
   std::string ucx_perftest;       // empty: from PATH

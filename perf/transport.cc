@@ -512,7 +512,13 @@ absl::Status RunTransport(const TransportArgs& a, const std::string& command) {
   const int64_t latency_elements = a.latency_elements >= 0 ? a.latency_elements
                                    : quick                 ? 300
                                                            : 3000;
-  const int64_t byte_budget = quick ? (int64_t{1} << 30) : (int64_t{8} << 30);
+  // The pass lasts `seconds` unless the elements or bytes run out first. The
+  // byte cap used to be 1 GiB quick and 8 GiB full, which ended a 16 MiB
+  // pass at 8 GB/s after 0.13 s (quick) or 1 s, whatever --seconds said.
+  const int64_t byte_budget =
+      a.max_bytes > 0 ? a.max_bytes
+                      : std::max<int64_t>(quick ? (int64_t{1} << 30) : (int64_t{8} << 30),
+                                          static_cast<int64_t>(seconds * 32e9));
   const double memcpy_seconds = quick ? 0.15 : 0.5;
   const double perftest_seconds = quick ? 0.3 : 1.0;
   // Quick mode runs the active-message test only: the API sluice's UCX path uses.

@@ -107,6 +107,26 @@ TEST(PerfSmokeTest, TransportReportsOneRowPerSizeAndTransport) {
   EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("\"client\":\"python\"")));
 }
 
+// --max_bytes ends a timed pass at that many payload bytes (plus the
+// element that crosses it), long before its --seconds; without it the pass
+// would move what 32 GB/s moves in --seconds.
+TEST(PerfSmokeTest, TransportPassesStopAtTheirByteCap) {
+  const std::string json = Scratch("transport_max_bytes.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("transport --quick --sizes 1M --transports ucx-tcp "
+                                      "--seconds 20 --max_bytes 8388608 --latency_elements 0 "
+                                      "--no_ceilings --no_python --json '",
+                                      json, "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  auto rows = Rows(text, "\"transport\":\"ucx-tcp\".*\"size_bytes\":1048576,");
+  ASSERT_EQ(rows.size(), 1u) << text;
+  EXPECT_GT(Field(rows[0], "bytes"), 0) << rows[0];
+  EXPECT_LE(Field(rows[0], "bytes"), 9 * 1048576) << rows[0];
+}
+
 // The python rows (sluice from Python beside each C++ UCX row) and the torch
 // DataLoader rows, in a tiny run: one row per size each, or the note saying
 // why they were skipped (the module not built, torch not installed).
