@@ -27,6 +27,11 @@ std::optional<bool> ParseHugePagesSetting(const char* value);
 // Whether this process asks for huge pages ($SLUICE_HUGE_PAGES, read once;
 // an unknown value warns once and keeps them on).
 bool HugePagesEnabled();
+// Whether a buffer of `bytes` is mapped on huge pages: from kHugePageBytes
+// up, while huge pages are on. The one rule every allocator here follows.
+inline bool WantsHugePages(size_t bytes) {
+  return bytes >= kHugePageBytes && HugePagesEnabled();
+}
 
 // Anonymous memory of `bytes`, aligned to kHugePageBytes (so every whole
 // 2 MiB of it can be one huge page, also on kernels before 6.7, which do not

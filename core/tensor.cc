@@ -65,7 +65,7 @@ struct Block {
   bool mapped = false;
 };
 Block NewBlock(size_t size) {
-  if (kRecycle && size >= kHugePageBytes && HugePagesEnabled()) {
+  if (kRecycle && WantsHugePages(size)) {
     if (void* p = MapHugePageAligned(size)) return {p, size, true};
   }
   return {std::aligned_alloc(64, size), size, false};

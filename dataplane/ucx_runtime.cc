@@ -207,7 +207,7 @@ absl::StatusOr<std::shared_ptr<Memory>> Memory::Allocate(std::shared_ptr<Context
   // them as SysV or POSIX shared memory wherever those transports load,
   // which the kernel backs with small pages (huge_pages.h). UCX allocates
   // when the kernel refuses the mapping.
-  if (bytes >= kHugePageBytes && HugePagesEnabled()) {
+  if (WantsHugePages(bytes)) {
     if (void* mapped = MapHugePageAligned(bytes)) {
       std::memset(mapped, 0, bytes);  // first touch, as below
       std::shared_ptr<uint8_t> owner(static_cast<uint8_t*>(mapped),

@@ -195,7 +195,7 @@ absl::StatusOr<std::shared_ptr<uint8_t>> Topology::AllocateOnNode(size_t bytes, 
   hwloc_topology_t topo = impl_->handle->topo;
   // From a huge page up: an aligned mapping on huge pages (huge_pages.h),
   // bound in place before its first touch; below, hwloc maps and binds.
-  const bool huge = bytes >= kHugePageBytes && HugePagesEnabled();
+  const bool huge = WantsHugePages(bytes);
   auto allocate = [&](int flags) -> void* {
     if (!huge) return hwloc_alloc_membind(topo, bytes, set, HWLOC_MEMBIND_BIND, flags);
     void* m = MapHugePageAligned(bytes);
