@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "rpc/service.grpc.pb.h"
 #include "sluice/rpc/grpc_util.h"
 #include "sluice/core/frame.h"
@@ -21,18 +20,10 @@ namespace {
 // One GetElement call in flight: its context and messages live until the
 // callback ran.
 struct GrpcCall {
-  // Destroyed last (declared first): says the call is gone, context
-  // included. The context holds a reference to the channel, and the last
-  // reference to a channel must not be dropped on a gRPC callback thread
-  // (gRPC 1.51 then destroys that thread's completion queue from within
-  // it: a double free, seen under ASan). So the transport, which holds the
-  // channel, outlives every call.
-  struct Live {
-    explicit Live(std::shared_ptr<void> on_gone) : on_gone(std::move(on_gone)) {}
-    std::shared_ptr<void> on_gone;
-  };
-  explicit GrpcCall(std::shared_ptr<void> alive) : live(std::move(alive)) {}
-  Live live;
+  explicit GrpcCall(std::shared_ptr<void> hold) : hold(std::move(hold)) {}
+  // Destroyed last (declared first), after the context and its channel
+  // reference: see internal::CallbackCallGuard.
+  std::shared_ptr<void> hold;
   grpc::ClientContext ctx;
   proto::GetElementRequest req;
   proto::GetElementResponse resp;
@@ -44,24 +35,22 @@ class GrpcElementTransport final : public ElementTransport {
   GrpcElementTransport(std::string address, std::shared_ptr<grpc::Channel> channel,
                        int64_t max_element_bytes)
       : state_(std::make_shared<State>()),
-        stub_(proto::ElementService::NewStub(std::move(channel))),
-        calls_gone_(std::make_shared<absl::Notification>()),
-        calls_alive_(nullptr, [gone = calls_gone_](void*) { gone->Notify(); }) {
+        stub_(proto::ElementService::NewStub(std::move(channel))) {
     state_->address = std::move(address);
     state_->max_element_bytes = static_cast<uint64_t>(max_element_bytes);
   }
 
   // Cancels what is in flight and waits until every call's callback ran
-  // and the call is destroyed (see GrpcCall::Live).
+  // and the call is destroyed (internal::CallbackCallGuard), so that the
+  // stub's channel outlives every call's context.
   ~GrpcElementTransport() override {
     Cancel();
-    calls_alive_.reset();
-    calls_gone_->WaitForNotification();
+    calls_.WaitForAll();
   }
 
   // gRPC's callback API: the reply completes on one of gRPC's threads.
   void GetElementAsync(const ElementRequest& request, ElementCallback done) override {
-    auto call = std::make_shared<GrpcCall>(calls_alive_);
+    auto call = std::make_shared<GrpcCall>(calls_.Hold());
     // The worker answers within `wait`; allow for transfer time on top.
     internal::SetTimeout(&call->ctx, request.wait + request.transfer_allowance);
     proto::GetElementRequest& req = call->req;
@@ -180,10 +169,7 @@ class GrpcElementTransport final : public ElementTransport {
 
   std::shared_ptr<State> state_;
   std::unique_ptr<proto::ElementService::Stub> stub_;
-  // Every call holds a copy of calls_alive_; calls_gone_ fires once the
-  // transport dropped its own and the last call is destroyed.
-  const std::shared_ptr<absl::Notification> calls_gone_;
-  std::shared_ptr<void> calls_alive_;
+  internal::CallbackCallGuard calls_;  // after stub_: waited for before the channel goes
 };
 
 }  // namespace

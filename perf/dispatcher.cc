@@ -53,6 +53,7 @@
 #include "grpcpp/grpcpp.h"
 #include "perf/suite.h"
 #include "sluice/core/status.h"
+#include "sluice/rpc/grpc_util.h"
 #include "sluice/dataset/dataset.h"
 
 namespace sluice::perf {
@@ -161,17 +162,21 @@ using AsyncMethod = void (Stub::async_interface::*)(grpc::ClientContext*, const 
                                                     std::function<void(grpc::Status)>);
 
 // One call through gRPC's callback API: `done(status, request, response,
-// round-trip ms)` runs on a gRPC thread when it completes.
+// round-trip ms)` runs on a gRPC thread when it completes. The call holds
+// a token of `calls`, whose owner keeps the stub's channel until all are
+// gone (internal::CallbackCallGuard).
 template <typename Req, typename Resp, typename Done>
 void CallAsync(Stub* stub, AsyncMethod<Req, Resp> method, Req req, absl::Duration timeout,
-               Done done) {
+               const internal::CallbackCallGuard& calls, Done done) {
   struct State {
+    std::shared_ptr<void> hold;  // destroyed after the context
     grpc::ClientContext ctx;
     Req req;
     Resp resp;
     SteadyClock::time_point start;
   };
   auto* c = new State;
+  c->hold = calls.Hold();
   c->req = std::move(req);
   SetDeadline(&c->ctx, timeout);
   c->start = SteadyClock::now();
@@ -360,13 +365,16 @@ class Fleet {
   std::atomic<int64_t> worker_heartbeats_{0}, client_heartbeats_{0}, splits_{0};
   absl::Mutex error_mu_;
   std::string last_error_ ABSL_GUARDED_BY(error_mu_);
+  // Last: destroyed first, it waits for every call (calls still in flight
+  // when Stop gave up included) before stubs_ goes.
+  internal::CallbackCallGuard calls_;
 };
 
 template <typename Req, typename Resp, typename Done>
 void Fleet::Call(Stub* stub, AsyncMethod<Req, Resp> method, Req req, absl::Duration timeout,
                  Done done) {
   in_flight_++;
-  CallAsync<Req, Resp>(stub, method, std::move(req), timeout,
+  CallAsync<Req, Resp>(stub, method, std::move(req), timeout, calls_,
                        [this, done](const grpc::Status& s, const Req& q, const Resp& r, double ms) {
                          done(s, q, r, ms);
                          in_flight_--;
@@ -620,6 +628,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
   auto d = StartDispatcherProcess(binary, scratch.path(), absl::StrCat("rate-", op, "-", callers));
   if (!d.ok()) return fail(d.status());
   auto stubs = MakeStubs(d->port, std::min(callers, 16));
+  internal::CallbackCallGuard in_flight;  // after stubs: waited for before they go
   auto stub_for = [&](int c) { return stubs[static_cast<size_t>(c) % stubs.size()].get(); };
   auto call_ok = [](grpc::Status s, const char* what) {
     return s.ok() ? absl::OkStatus()
@@ -752,7 +761,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
       CallAsync<proto::RegisterDatasetRequest, proto::RegisterDatasetResponse>(
           stub,
           &Stub::async_interface::RegisterDataset,
-          std::move(req), absl::Seconds(30),
+          std::move(req), absl::Seconds(30), in_flight,
           [&, c, k](const grpc::Status& st, const proto::RegisterDatasetRequest&,
                     const proto::RegisterDatasetResponse&, double ms) {
             completed(st, ms);
@@ -766,7 +775,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
       CallAsync<proto::GetOrCreateIterationRequest, proto::GetOrCreateIterationResponse>(
           stub,
           &Stub::async_interface::GetOrCreateIteration,
-          std::move(req), absl::Seconds(30),
+          std::move(req), absl::Seconds(30), in_flight,
           [&, c, k](const grpc::Status& st, const proto::GetOrCreateIterationRequest&,
                     const proto::GetOrCreateIterationResponse&, double ms) {
             completed(st, ms);
@@ -783,7 +792,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
       CallAsync<proto::GetSplitRequest, proto::GetSplitResponse>(
           stub,
           &Stub::async_interface::GetSplit,
-          std::move(req), absl::Seconds(30),
+          std::move(req), absl::Seconds(30), in_flight,
           [&, c, k, held](const grpc::Status& st, const proto::GetSplitRequest&,
                           const proto::GetSplitResponse& r, double ms) {
             completed(st, ms);
@@ -799,6 +808,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
     chains->mu.Await(absl::Condition(
         +[](Chains* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->running == 0; }, chains.get()));
   }
+  in_flight.WaitForAll();  // the last callbacks may still be returning
   const double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
   const Usage u1 = ReadUsage(*d);
   done = true;

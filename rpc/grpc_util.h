@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "rpc/service.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -86,6 +87,39 @@ inline constexpr char kAuthScheme[] = "Bearer ";
 // Unauthenticated, naming `who`, when the call lacks the token.
 grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx, const std::string& expected,
                             absl::string_view who);
+
+// Keeps the channels of calls made on gRPC's callback API alive until the
+// last such call is destroyed. A call's ClientContext holds a reference to
+// its channel, and the last reference to a channel must not be dropped on
+// a gRPC callback thread: gRPC 1.51 then shuts down and joins that
+// thread's own completion queue from within it, the join fails, and the
+// queue is freed under its other threads (a crash: a double free under
+// ASan, SIGSEGV in grpc_completion_queue_next otherwise). So whoever owns
+// the channels gives each call a token from Hold(), destroyed after the
+// call's context (declare it before the context), and calls WaitForAll()
+// before dropping the channels; the destructor does too.
+class CallbackCallGuard {
+ public:
+  CallbackCallGuard()
+      : gone_(std::make_shared<absl::Notification>()),
+        alive_(nullptr, [gone = gone_](void*) { gone->Notify(); }) {}
+  ~CallbackCallGuard() { WaitForAll(); }
+  CallbackCallGuard(const CallbackCallGuard&) = delete;
+  CallbackCallGuard& operator=(const CallbackCallGuard&) = delete;
+
+  // A token for one call; not after WaitForAll().
+  std::shared_ptr<void> Hold() const { return alive_; }
+
+  // Returns once every token handed out is destroyed.
+  void WaitForAll() {
+    alive_.reset();
+    gone_->WaitForNotification();
+  }
+
+ private:
+  const std::shared_ptr<absl::Notification> gone_;
+  std::shared_ptr<void> alive_;  // the tokens' shared owner; its deleter notifies gone_
+};
 
 // Deadline helper for client contexts.
 inline void SetTimeout(grpc::ClientContext* ctx, absl::Duration d) {

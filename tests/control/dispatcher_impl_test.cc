@@ -330,6 +330,25 @@ TEST(StatusProtoTest, RoundTrips) {
   EXPECT_TRUE(FromProto(ToProto(absl::OkStatus())).ok());
 }
 
+// The owner of callback-API channels waits for every call's token before
+// it drops them (the calls' contexts hold the channel).
+TEST(CallbackCallGuardTest, WaitsUntilEveryTokenHandedOutIsGone) {
+  CallbackCallGuard guard;
+  std::shared_ptr<void> a = guard.Hold(), b = guard.Hold();
+  ASSERT_GT(a.use_count(), 0);  // a token owns a share (its pointer is null)
+  absl::Notification returned;
+  std::thread waiter([&] {
+    guard.WaitForAll();
+    returned.Notify();
+  });
+  a.reset();
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  b.reset();
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  waiter.join();
+  guard.WaitForAll();  // again: returns at once
+}
+
 // ---- datasets ------------------------------------------------------------------
 
 TEST_F(DispatcherImplTest, RegisterDatasetDeduplicatesIdenticalDefinitions) {
