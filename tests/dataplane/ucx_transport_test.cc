@@ -130,15 +130,16 @@ TEST_F(UcxTransportTest, ElementsFrom1ByteTo64MiBArriveBitExactWithoutClientCopi
   // Rendezvous into registered slots: the client copied no payload.
   EXPECT_EQ(after.client_payload_bytes_copied, before.client_payload_bytes_copied);
   // Which transports carried it: the messages over tcp, the data by cma
-  // (shared memory) when UCX_TLS allows it unless SLUICE_UCX_SHM=0, else
-  // tcp too. Never the posix FIFO (a killed sender can wedge it:
-  // dataplane/ucx_runtime.cc).
-  const char* tls = std::getenv("UCX_TLS");
-  const char* shm = std::getenv("SLUICE_UCX_SHM");
+  // (shared memory) where sluice enables it (UCX_TLS, unset included,
+  // allows cma, and not SLUICE_UCX_SHM=0), else tcp too. Never the posix
+  // FIFO (a killed sender can wedge it: dataplane/ucx_runtime.cc).
+  bool cma_enabled = false;
+  for (const auto& [name, value] : internal::ucx::SluiceUcxDefaults()) {
+    cma_enabled |= name == "CMA_MEMORY_INVALIDATE";
+  }
   EXPECT_THAT(after.ucx_lanes, ::testing::ContainsRegex("tcp/lo\\([a-z_ ]*am "));
   EXPECT_THAT(after.ucx_lanes, ::testing::Not(::testing::HasSubstr("posix")));
-  if (tls != nullptr && absl::StrContains(tls, "cma") &&
-      (shm == nullptr || std::string(shm) != "0")) {
+  if (cma_enabled) {
     EXPECT_THAT(after.ucx_lanes, ::testing::HasSubstr("cma/memory(rma_bw"));
   } else {
     EXPECT_THAT(after.ucx_lanes, ::testing::Not(::testing::HasSubstr("cma")));
