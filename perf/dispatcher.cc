@@ -162,12 +162,12 @@ using AsyncMethod = void (Stub::async_interface::*)(grpc::ClientContext*, const 
                                                     std::function<void(grpc::Status)>);
 
 // One call through gRPC's callback API: `done(status, request, response,
-// round-trip ms)` runs on a gRPC thread when it completes. The call holds
-// a token of `calls`, whose owner keeps the stub's channel until all are
-// gone (internal::CallbackCallGuard).
+// round-trip ms)` runs on a gRPC thread when it completes (and may make
+// the next call). The call holds a token of `calls`, whose owner keeps the
+// stub's channel until all are gone (internal::CallbackCallGuard).
 template <typename Req, typename Resp, typename Done>
 void CallAsync(Stub* stub, AsyncMethod<Req, Resp> method, Req req, absl::Duration timeout,
-               const internal::CallbackCallGuard& calls, Done done) {
+               internal::CallbackCallGuard& calls, Done done) {
   struct State {
     std::shared_ptr<void> hold;  // destroyed after the context
     grpc::ClientContext ctx;
@@ -724,18 +724,9 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
   // `callers` chains of calls through the callback API, each issuing its
   // next call when the last one completes (closed loops without a thread
   // per caller: the simulated callers cost little of the cpus the
-  // dispatcher shares with them).
-  struct Chains {
-    absl::Mutex mu;
-    int running ABSL_GUARDED_BY(mu) = 0;
-  };
-  // Shared with the callbacks: the last one may still unlock it after
-  // this thread saw the count reach zero.
-  auto chains = std::make_shared<Chains>();
-  {
-    absl::MutexLock l(&chains->mu);
-    chains->running = callers;
-  }
+  // dispatcher shares with them). A chain ends by making no next call;
+  // in_flight.WaitForAll() returns once every chain ended and its last
+  // callback returned.
   std::function<void(int, int64_t, int64_t)> next;  // caller, call index, split held
   auto completed = [&](const grpc::Status& s, double ms) {
     if (!s.ok()) {
@@ -748,12 +739,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
     lat.Add(ms);
   };
   next = [&](int c, int64_t k, int64_t held) {
-    if (SteadyClock::now() >= end) {
-      std::shared_ptr<Chains> held_chains = chains;
-      absl::MutexLock l(&held_chains->mu);
-      --held_chains->running;
-      return;
-    }
+    if (SteadyClock::now() >= end) return;
     Stub* stub = stub_for(c);
     if (op == "RegisterDataset") {
       proto::RegisterDatasetRequest req;
@@ -803,12 +789,7 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
     }
   };
   for (int c = 0; c < callers; ++c) next(c, 0, -1);
-  {
-    absl::MutexLock l(&chains->mu);
-    chains->mu.Await(absl::Condition(
-        +[](Chains* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->running == 0; }, chains.get()));
-  }
-  in_flight.WaitForAll();  // the last callbacks may still be returning
+  in_flight.WaitForAll();
   const double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
   const Usage u1 = ReadUsage(*d);
   done = true;

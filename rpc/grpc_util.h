@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/service.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -100,25 +100,40 @@ grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx, const std::strin
 // before dropping the channels; the destructor does too.
 class CallbackCallGuard {
  public:
-  CallbackCallGuard()
-      : gone_(std::make_shared<absl::Notification>()),
-        alive_(nullptr, [gone = gone_](void*) { gone->Notify(); }) {}
+  CallbackCallGuard() = default;
   ~CallbackCallGuard() { WaitForAll(); }
   CallbackCallGuard(const CallbackCallGuard&) = delete;
   CallbackCallGuard& operator=(const CallbackCallGuard&) = delete;
 
-  // A token for one call; not after WaitForAll().
-  std::shared_ptr<void> Hold() const { return alive_; }
+  // A token for one call, from any thread. A call made while another's
+  // token is held (from its callback: a chain of calls) is waited for too,
+  // also when WaitForAll is already waiting.
+  std::shared_ptr<void> Hold() {
+    {
+      absl::MutexLock l(&state_->mu);
+      ++state_->calls;
+    }
+    // The deleter shares the state: it may still be unlocking when the
+    // waiter, seeing no calls, destroys the guard.
+    return std::shared_ptr<void>(nullptr, [state = state_](void*) {
+      absl::MutexLock l(&state->mu);
+      --state->calls;
+    });
+  }
 
-  // Returns once every token handed out is destroyed.
+  // Returns once no token is held.
   void WaitForAll() {
-    alive_.reset();
-    gone_->WaitForNotification();
+    absl::MutexLock l(&state_->mu);
+    state_->mu.Await(absl::Condition(
+        +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->calls == 0; }, state_.get()));
   }
 
  private:
-  const std::shared_ptr<absl::Notification> gone_;
-  std::shared_ptr<void> alive_;  // the tokens' shared owner; its deleter notifies gone_
+  struct State {
+    absl::Mutex mu;
+    int64_t calls ABSL_GUARDED_BY(mu) = 0;
+  };
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 // Deadline helper for client contexts.

@@ -349,6 +349,27 @@ TEST(CallbackCallGuardTest, WaitsUntilEveryTokenHandedOutIsGone) {
   guard.WaitForAll();  // again: returns at once
 }
 
+// A call made from another call's callback (a chain) while WaitForAll
+// already waits is waited for too.
+TEST(CallbackCallGuardTest, ACallMadeWhileAnotherIsHeldIsWaitedForToo) {
+  CallbackCallGuard guard;
+  std::shared_ptr<void> first = guard.Hold();
+  absl::Notification returned;
+  std::thread waiter([&] {
+    guard.WaitForAll();
+    returned.Notify();
+  });
+  // Gives the waiter time to be waiting already (either way, what follows
+  // must hold).
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  std::shared_ptr<void> next = guard.Hold();
+  first.reset();
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  next.reset();
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  waiter.join();
+}
+
 // ---- datasets ------------------------------------------------------------------
 
 TEST_F(DispatcherImplTest, RegisterDatasetDeduplicatesIdenticalDefinitions) {
