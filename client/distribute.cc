@@ -30,6 +30,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -41,6 +42,7 @@
 #include "sluice/rpc/protocol.h"
 #include "sluice/rpc/grpc_util.h"
 #include "sluice/rpc/security_internal.h"
+#include "sluice/core/event_fd.h"
 #include "sluice/core/interrupt.h"
 #include "sluice/core/status.h"
 #include "sluice/dataplane/element_transport.h"
@@ -418,7 +420,7 @@ class DataServiceIterator final : public Iterator {
       const absl::Time waiting_since = absl::Now();
       while (!ready()) {
         if (ReadAllLocked()) NudgeHeartbeatLocked();
-        if (mu_.AwaitWithTimeout(absl::Condition(&wake), kInterruptPollInterval)) continue;
+        if (WaitLocked(absl::Condition(&wake), kInterruptPollInterval)) continue;
         WarnIfStalledLocked(absl::Now() - waiting_since);
         // The caller may give up (Ctrl-C in Python): nothing was taken.
         mu_.Unlock();
@@ -463,7 +465,8 @@ class DataServiceIterator final : public Iterator {
         compression_(ResolveCompression(options.compression, *protocol)),
         stub_(proto::DispatcherService::NewStub(std::move(channel))),
         callbacks_done_(std::make_shared<absl::Notification>()),
-        alive_(nullptr, [done = callbacks_done_](void*) { done->Notify(); }) {}
+        alive_(nullptr, [done = callbacks_done_](void*) { done->Notify(); }),
+        wake_fd_(static_cast<bool>(protocol->drive_client)) {}
 
   // The reader, once the client id is known; `resume` (a resumed
   // iteration's checkpoint) seeds a first-come reader's progress, so that a
@@ -578,6 +581,37 @@ class DataServiceIterator final : public Iterator {
     threads_.emplace_back([this] { TimerLoop(); });
   }
 
+  // Waits until `wake` holds (true) or `max` passed. Over a protocol that
+  // lets it (TransportProtocol::drive_client), this thread runs the
+  // protocol's progress meanwhile, so the reply it waits for wakes it
+  // directly; changes that arrive otherwise (a heartbeat, a gRPC reply)
+  // write wake_fd_ (WakeDriverLocked).
+  bool WaitLocked(const absl::Condition& wake, absl::Duration max)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time deadline = absl::Now() + max;
+    while (wake_fd_.fd() >= 0) {
+      if (wake.Eval()) return true;
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return false;
+      driver_ = std::this_thread::get_id();
+      mu_.Unlock();
+      const bool drove = protocol_->drive_client(left, wake_fd_.fd());
+      mu_.Lock();
+      driver_.reset();
+      wake_written_ = false;  // (the drive read it)
+      if (!drove) break;  // another thread runs the callbacks: wait for them
+    }
+    return mu_.AwaitWithDeadline(wake, deadline);
+  }
+
+  // A thread other than the one driving the protocol in WaitLocked changed
+  // what it waits for: wakes it.
+  void WakeDriverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!driver_.has_value() || *driver_ == std::this_thread::get_id() || wake_written_) return;
+    wake_written_ = true;
+    wake_fd_.Signal();
+  }
+
   // The requests the reader wants sent now (sent by Send, without mu_).
   std::vector<internal::PlannedRequest> PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (stop_ || !error_.ok()) return {};
@@ -606,6 +640,7 @@ class DataServiceIterator final : public Iterator {
       const absl::Time now = absl::Now();
       const bool failed = !r.ok();
       reader_->OnReply(tasks_, p, std::move(r), now);
+      WakeDriverLocked();  // (a reply from another protocol's thread)
       FlushCountersLocked();
       planned = PlanLocked();
       // Only a failure schedules a retry for later (a not-ready round is
@@ -704,6 +739,7 @@ class DataServiceIterator final : public Iterator {
           auto transport = Connect(info);
           if (!transport.ok()) {
             error_ = transport.status();
+            WakeDriverLocked();
             return error_;
           }
           internal::ClientTask t;
@@ -737,6 +773,7 @@ class DataServiceIterator final : public Iterator {
       }
       iteration_finished_ = resp.iteration_finished();
       if (rounds_ != nullptr) rounds_->SetBlock(resp.block_round());
+      WakeDriverLocked();
       planned = PlanLocked();
     }
     // A lost task's requests end now (their callbacks run meanwhile).
@@ -758,6 +795,7 @@ class DataServiceIterator final : public Iterator {
       }
       if (absl::IsNotFound(s)) {  // our iteration client was released or timed out
         error_ = s;
+        WakeDriverLocked();
         return;
       }
       absl::Time now = absl::Now();
@@ -766,6 +804,7 @@ class DataServiceIterator final : public Iterator {
         error_ = absl::UnavailableError(absl::StrCat(
             "lost contact with the sluice dispatcher at ", address_, " for more than ",
             options_.dispatcher_timeout_ms, " ms: ", s.message()));
+        WakeDriverLocked();
         return;
       }
       auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
@@ -824,6 +863,12 @@ class DataServiceIterator final : public Iterator {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // the dispatcher's or the client's own
   grpc::ClientContext* heartbeat_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // WaitLocked: the thread driving the protocol's progress, and its wake-up
+  // (none where the protocol has no drive_client); written once until the
+  // driver reads it.
+  const internal::EventFd wake_fd_;
+  std::optional<std::thread::id> driver_ ABSL_GUARDED_BY(mu_);
+  bool wake_written_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // What Distribute and FromDatasetId attach to the node they build.

@@ -5,7 +5,8 @@
 //
 // Requests are asynchronous: GetElementAsync sends one and returns; its
 // callback runs when the reply (or the failure) is in, on a transport
-// thread -- the UCX progress thread, a gRPC callback thread -- so many
+// thread -- a UCX pass (the progress thread, or a consumer waiting for
+// replies that drives it), a gRPC callback thread -- so many
 // requests can be in flight without a thread each. GetElement waits for
 // one (tests, simple callers).
 //
@@ -264,6 +265,9 @@ struct TransportStats {
   // UCX endpoints the client connected (one per worker address, reused by
   // every task and iteration reading it; again after a failure).
   int64_t ucx_endpoints_connected = 0;
+  // UCX passes run by consumers waiting for replies rather than by the
+  // progress thread (docs/dataplane.md, "Progress"): one wake-up per reply.
+  int64_t ucx_consumer_driven_passes = 0;
   // Connections closed because a request on them got no reply within its
   // wait plus its transfer_allowance (the next request reconnects).
   int64_t ucx_silent_endpoints_closed = 0;

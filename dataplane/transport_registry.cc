@@ -57,6 +57,7 @@ Registry& TheRegistry() {
     };
     ucx.places_client_buffers = true;
     ucx.pin_client_buffers_for_cuda = &PinUcxReceivePoolForCuda;
+    ucx.drive_client = &DriveUcxClient;
     AddLocked(*r, std::move(ucx));
     return r;
   }();

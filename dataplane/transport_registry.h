@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "sluice/rpc/security.h"
 #include "sluice/dataplane/element_server.h"
 #include "sluice/dataplane/element_transport.h"
@@ -50,6 +51,14 @@ struct TransportProtocol {
   std::function<absl::Status()> pin_client_buffers_for_cuda;
   // What DistributeOptions::compression "AUTO" picks over this protocol.
   FrameCodec auto_compression = FrameCodec::kNone;
+  // Lets a consumer waiting for replies run the client side's progress on
+  // its own thread, so that a reply wakes the thread that wants it rather
+  // than the protocol's thread, which then wakes the consumer: one pass,
+  // sleeping up to `max_wait` or until `wake_fd` (an eventfd; -1: none) is
+  // written. True when it ran one (look at the state again); false when it
+  // could not (another thread progresses and runs the callbacks: wait as
+  // usual). Null: the protocol has no such thing.
+  std::function<bool(absl::Duration max_wait, int wake_fd)> drive_client;
 };
 
 // Adds a protocol; AlreadyExists if its name is taken, InvalidArgument if
@@ -63,6 +72,10 @@ absl::StatusOr<const TransportProtocol*> FindTransportProtocol(absl::string_view
 
 // The registered names, sorted.
 std::vector<std::string> TransportProtocolNames();
+
+// The UCX protocol's drive_client (ucx_transport.cc): false before the
+// process's UCX client exists.
+bool DriveUcxClient(absl::Duration max_wait, int wake_fd);
 
 // The gRPC server of the built-in "grpc" protocol (grpc_server.cc).
 absl::StatusOr<std::unique_ptr<ElementServer>> StartGrpcElementServer(

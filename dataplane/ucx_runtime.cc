@@ -3,12 +3,14 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
-#include <sys/eventfd.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -260,8 +262,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> 
                                                        std::function<void()> on_start) {
   ucp_worker_params_t p{};
   p.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  // Only the progress thread touches the worker; Post() hands work to it.
-  p.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // One thread at a time calls UCX on it: the one running a pass (the
+  // progress thread or a driving consumer; see the header).
+  p.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   ucp_worker_h h = nullptr;
   ucs_status_t s = ucp_worker_create(ctx->handle(), &p, &h);
   if (s != UCS_OK) return UcsError(s, "ucp_worker_create");
@@ -271,13 +274,24 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> 
     ucp_worker_destroy(h);
     return UcsError(s, "ucp_worker_get_efd");
   }
-  const int post_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (post_fd < 0) {
+  const int epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd < 0) {
     ucp_worker_destroy(h);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("epoll for the UCX progress thread: ", std::strerror(errno)));
+  }
+  std::unique_ptr<Worker> w(new Worker(std::move(ctx), h, efd, epfd, busy_poll));
+  bool added = w->post_.fd() >= 0;
+  for (int fd : {efd, w->post_.fd()}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    added = added && epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
+  }
+  if (!added) {
     return absl::ResourceExhaustedError(
         absl::StrCat("eventfd for the UCX progress thread: ", std::strerror(errno)));
   }
-  std::unique_ptr<Worker> w(new Worker(std::move(ctx), h, efd, post_fd, busy_poll));
   Worker* raw = w.get();
   w->thread_ = std::thread([raw, on_start = std::move(on_start)] {
     if (on_start) on_start();
@@ -301,16 +315,25 @@ void StopSharedWorkerAtExit() {
 }  // namespace
 
 void Worker::StopForExit() {
-  if (OnProgressThread()) return;  // exit() called from a callback: nothing to wait for
+  if (InPass()) return;  // exit() called from a callback: nothing to wait for
   {
     absl::MutexLock l(&mu_);
     stop_ = true;
   }
-  WakeProgressThread();
+  post_.Signal();
   // Bounded: an exit never hangs on it (a callback blocked on a lock some
   // frozen thread holds); past it the process exits as it would have.
   if (loop_left_.WaitForNotificationWithTimeout(absl::Seconds(2)) && thread_.joinable()) {
     thread_.join();  // it is returning
+  }
+  // A consumer's pass still running ends within its wait; later ones see
+  // stop_ and do not start. Bounded too.
+  for (absl::Time end = absl::Now() + absl::Seconds(2); absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(1))) {
+    if (pass_mu_.TryLock()) {
+      pass_mu_.Unlock();
+      break;
+    }
   }
 }
 
@@ -340,36 +363,63 @@ Worker::~Worker() {
     absl::MutexLock l(&mu_);
     stop_ = true;
   }
-  WakeProgressThread();
+  post_.Signal();
   if (thread_.joinable()) thread_.join();
+  pass_mu_.Lock();  // a consumer's pass ends; none starts after stop_
+  pass_mu_.Unlock();
   ucp_worker_destroy(h_);
-  close(post_fd_);
+  close(epfd_);
 }
 
-void Worker::WakeProgressThread() {
-  const uint64_t one = 1;
-  // EAGAIN: the counter is full, so the thread is being woken anyway.
-  [[maybe_unused]] ssize_t n = write(post_fd_, &one, sizeof(one));
-}
+namespace {
+// The worker whose pass this thread runs (Worker::InPass).
+thread_local const Worker* t_pass_of = nullptr;
+}  // namespace
+
+bool Worker::InPass() const { return t_pass_of == this; }
 
 void Worker::Post(std::function<void()> fn) {
-  bool sleeping = false;
+  bool wake = false;
   {
     absl::MutexLock l(&mu_);
     if (stop_) return;
     posted_.push_back(std::move(fn));
-    sleeping = sleeping_;
+    // A running pass looks at the queue, under mu_, before it ends.
+    wake = !pass_running_;
   }
-  // A thread that is not sleeping runs the queue on its next pass (it looks
-  // at the queue, under mu_, before it sleeps); the progress thread itself
-  // (a completion callback sending the next request) never sleeps here.
-  if (sleeping && !OnProgressThread()) WakeProgressThread();
+  if (wake) post_.Signal();
+}
+
+void Worker::RunHereOrPost(std::function<void()> fn) {
+  // In a pass (a callback): after the callback, as Post has always done.
+  if (InPass() || busy_poll_) return Post(std::move(fn));
+  if (!pass_mu_.TryLock()) return Post(std::move(fn));
+  if (!BeginPass()) {
+    pass_mu_.Unlock();
+    return;  // stopped: dropped, as Post would
+  }
+  RunPosted(false);  // what was posted before it runs before it
+  fn();
+  // No progress, so no arm either: what the sleeper armed for still wakes
+  // it (the worker's fd is level-triggered: events pending on it, or left
+  // by this pass, keep it readable).
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      if (posted_.empty()) {
+        pass_running_ = false;
+        break;
+      }
+    }
+    RunPosted(false);
+  }
+  Release();
 }
 
 void Worker::Run(std::function<void()> fn) {
-  if (OnProgressThread()) return fn();
+  if (InPass()) return fn();
   absl::Notification done;
-  Post([&] {
+  RunHereOrPost([&] {
     fn();
     done.Notify();
   });
@@ -388,46 +438,171 @@ void Worker::AddTick(std::function<void()> fn) {
   ticks_ = std::move(ticks);
 }
 
+bool Worker::BeginPass() {
+  absl::MutexLock l(&mu_);
+  if (stop_) return false;
+  pass_running_ = true;
+  t_pass_of = this;
+  return true;
+}
+
+bool Worker::RunPosted(bool ticks) {
+  std::deque<std::function<void()>> work;
+  std::shared_ptr<const std::vector<std::function<void()>>> tick_fns;
+  {
+    absl::MutexLock l(&mu_);
+    work.swap(posted_);
+    if (ticks) tick_fns = ticks_;
+  }
+  for (auto& fn : work) fn();
+  if (tick_fns != nullptr) {
+    for (const auto& fn : *tick_fns) fn();
+  }
+  return !work.empty();
+}
+
+bool Worker::Progress(bool ticks) {
+  const bool ran = RunPosted(ticks);
+  bool progressed = false;
+  while (ucp_worker_progress(h_) != 0) progressed = true;
+  return progressed || ran;
+}
+
+bool Worker::EndPass() {
+  {
+    absl::MutexLock l(&mu_);
+    if (!posted_.empty()) return false;
+    pass_running_ = false;  // from here on, Post wakes the sleeper
+  }
+  // Armed, the worker's fd tells its sleeper of every later event, whoever
+  // sleeps on it. BUSY: events are pending; progress again.
+  if (ucp_worker_arm(h_) != UCS_ERR_BUSY) return true;
+  absl::MutexLock l(&mu_);
+  pass_running_ = true;
+  return false;
+}
+
+void Worker::LeavePass() {
+  while (!EndPass()) Progress(false);
+  Release();
+}
+
+void Worker::Release() {
+  t_pass_of = nullptr;
+  pass_mu_.Unlock();
+  // Consumers that found the worker taken may drive now (under mu_: one
+  // that stops waiting removes its fd first, so none is written after).
+  absl::MutexLock l(&mu_);
+  for (int fd : wanting_) EventFd::SignalFd(fd);
+  wanting_.clear();
+}
+
+bool Worker::Want(int wake_fd, bool want) {
+  absl::MutexLock l(&mu_);
+  if (!want) {
+    wanting_.erase(std::remove(wanting_.begin(), wanting_.end(), wake_fd), wanting_.end());
+    return true;
+  }
+  if (wake_fd < 0 || stop_) return false;
+  wanting_.push_back(wake_fd);
+  return true;
+}
+
+bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
+  if (busy_poll_ || InPass()) return false;
+  const int ms = static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(max_wait), 0, std::numeric_limits<int>::max()));
+  if (!pass_mu_.TryLock()) {
+    // Taken (the progress thread, or another consumer): sleep until the
+    // caller's state changes or the worker is let go, then try again.
+    if (!Want(wake_fd, true)) return false;
+    if (!pass_mu_.TryLock()) {  // (let go meanwhile?)
+      pollfd pfd = {wake_fd, POLLIN, 0};
+      if (poll(&pfd, 1, ms) > 0) EventFd::ClearFd(wake_fd);
+      Want(wake_fd, false);
+      return true;
+    }
+    Want(wake_fd, false);
+  }
+  if (!BeginPass()) {
+    pass_mu_.Unlock();
+    return false;
+  }
+  {
+    absl::MutexLock l(&mu_);
+    ++driven_passes_;
+  }
+  bool slept = false;
+  // Armed without a progress call first (each one epoll_waits every tcp
+  // interface): the worker's fd is level-triggered, so events that came
+  // since the last pass end the sleep at once, and they are progressed
+  // after it.
+  if (!RunPosted(false) && EndPass()) {
+    // Nothing posted: sleep here, on the fds the progress thread would
+    // sleep on, taken out of its set meanwhile so that an event wakes only
+    // this thread (a progress thread woken anyway waits for the worker,
+    // then finds nothing to do).
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, efd_, nullptr);
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, post_.fd(), nullptr);
+    slept = true;
+    pollfd pfds[3] = {{efd_, POLLIN, 0}, {post_.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    poll(pfds, wake_fd >= 0 ? 3 : 2, ms);
+    if (pfds[1].revents & POLLIN) post_.Clear();
+    if (wake_fd >= 0 && (pfds[2].revents & POLLIN)) EventFd::ClearFd(wake_fd);
+    {
+      absl::MutexLock l(&mu_);
+      pass_running_ = true;
+    }
+    Progress(false);
+  }
+  while (!EndPass()) Progress(false);
+  if (slept) {
+    // Armed and drained: the progress thread wakes for what comes next.
+    for (int fd : {efd_, post_.fd()}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+    }
+  }
+  Release();
+  return true;
+}
+
 void Worker::Loop() {
   while (true) {
-    std::deque<std::function<void()>> work;
-    std::shared_ptr<const std::vector<std::function<void()>>> ticks;
-    {
-      absl::MutexLock l(&mu_);
-      if (stop_) break;
-      work.swap(posted_);
-      ticks = ticks_;
+    pass_mu_.Lock();
+    if (!BeginPass()) {
+      pass_mu_.Unlock();
+      break;
     }
-    for (auto& fn : work) fn();
-    if (ticks != nullptr) {
-      for (const auto& fn : *ticks) fn();
-    }
-    while (ucp_worker_progress(h_) != 0) {
-    }
+    bool ticks = true;
+    do {
+      Progress(ticks);
+      ticks = false;
+    } while (!busy_poll_ && !EndPass());
+    // (Busy-polling, pass_running_ stays true: nobody sleeps, so Post
+    // never wakes anyone.)
+    Release();
     if (busy_poll_) continue;
-    {
-      absl::MutexLock l(&mu_);
-      if (!posted_.empty() || stop_) continue;
-      sleeping_ = true;  // from here on, Post wakes this thread
-    }
-    int ready = -1;
-    if (ucp_worker_arm(h_) != UCS_ERR_BUSY) {  // BUSY: events pending, progress again
-      pollfd pfds[2] = {{efd_, POLLIN, 0}, {post_fd_, POLLIN, 0}};
-      ready = poll(pfds, 2, 100);  // bounded: Post and stop wake it anyway
-      if (pfds[1].revents & POLLIN) {
-        uint64_t count = 0;
-        [[maybe_unused]] ssize_t n = read(post_fd_, &count, sizeof(count));
-      }
+    // Bounded: Post and stop wake it anyway; the ticks run at least this
+    // often.
+    epoll_event events[2];
+    const int ready = epoll_wait(epfd_, events, 2, 100);
+    for (int i = 0; i < ready; ++i) {
+      if (events[i].data.fd == post_.fd()) post_.Clear();
     }
     absl::MutexLock l(&mu_);
-    sleeping_ = false;
-    // The sleep ran out with work posted meanwhile: a Post that did not
-    // wake it (never expected; counted for the tests).
-    if (ready == 0 && !posted_.empty()) ++missed_wakeups_;
+    // The sleep ran out with work posted meanwhile and no pass to run it: a
+    // Post that did not wake it (never expected; counted for the tests).
+    if (ready == 0 && !posted_.empty() && !pass_running_) ++missed_wakeups_;
   }
   // Drain what is still posted so completions and closes run.
+  absl::MutexLock pass(&pass_mu_);
+  t_pass_of = this;
   for (int i = 0; i < 100 && ucp_worker_progress(h_) != 0; ++i) {
   }
+  t_pass_of = nullptr;
 }
 
 absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb,

@@ -1,18 +1,30 @@
 // UCX runtime: RAII owners of the UCX handles and the progress model.
 // Internal to dataplane/: UCX headers never reach a public header.
 //
-// Progress model (one per UcxWorker): a dedicated progress thread owns the
-// ucp_worker. Every UCX call on that worker (endpoint creation, sends,
-// receives, AM handlers, completion callbacks) runs on that thread. Other
-// threads hand it work with Post(), which queues a closure and, only when
-// the thread sleeps, wakes it through an eventfd of its own. The thread
-// drains ucp_worker_progress(), then arms the worker (ucp_worker_arm;
-// UCS_ERR_BUSY means more events: progress again) and sleeps in poll() on
-// the worker's event fd and its own. (Waking it with ucp_worker_signal
-// instead left the signal in UCX's event fd for ucp_worker_arm to find
-// after the posted work ran: a second drain of every interface, two
-// epoll_waits per tcp interface, for each request a client sent.) With
-// busy_poll it never sleeps (lowest latency, one core spent).
+// Progress model (one per UcxWorker). UCX calls on the worker run in a
+// *pass*: one thread at a time holds the worker (a lock; the worker is
+// UCS_THREAD_MODE_SERIALIZED) and makes every UCX call on it -- endpoint
+// creation, sends, receives, AM handlers, completion callbacks. Two kinds of
+// thread run passes:
+//  - the dedicated progress thread, always: it drains
+//    ucp_worker_progress(), arms the worker (ucp_worker_arm; UCS_ERR_BUSY
+//    means more events: progress again), lets go of it and sleeps in
+//    epoll_wait on the worker's event fd and an eventfd of its own;
+//  - a consumer that waits for a reply (Drive): while the worker is free,
+//    it takes it, progresses, and sleeps on those fds itself, having taken
+//    them out of the progress thread's epoll set, so one reply wakes one
+//    thread and the callback that delivers the reply runs on the thread
+//    that wants it (no hand-off: one wake-up per reply instead of two).
+//    It puts them back, armed, before it lets go.
+// Other threads hand work to whoever runs the next pass with Post(), which
+// queues a closure and, only when no pass is running, wakes the sleeper
+// through the eventfd; RunHereOrPost() runs it at once, on the calling
+// thread, when the worker is free (a request sent without waking anyone).
+// (Waking the thread with ucp_worker_signal instead left the signal in
+// UCX's event fd for ucp_worker_arm to find after the posted work ran: a
+// second drain of every interface, two epoll_waits per tcp interface, for
+// each request a client sent.) With busy_poll the progress thread never
+// sleeps and nobody else drives (lowest latency, one core spent).
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -29,6 +41,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "sluice/core/event_fd.h"
 
 namespace sluice::internal::ucx {
 
@@ -112,40 +126,86 @@ class Worker final {
   // (tests: it has stopped once the process's exit handlers ran).
   static bool SharedLoopRunning();
 
-  // Runs `fn` on the progress thread (soon). Safe from any thread; after
-  // the worker stopped, `fn` is dropped.
+  // Runs `fn` in a pass (soon). Safe from any thread; after the worker
+  // stopped, `fn` is dropped.
   void Post(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs `fn` on the progress thread and waits for it.
+  // Runs `fn` now, in a pass on this thread, when no thread holds the
+  // worker (and busy_poll is off); otherwise Post(fn) (also in a pass: it
+  // runs after the current callback). Either way `fn` runs once, unless the
+  // worker stopped.
+  void RunHereOrPost(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
+  // Runs `fn` in a pass and waits for it.
   void Run(std::function<void()> fn);
   // Runs `fn` on the progress thread on every pass of its loop, at least
   // every 100 ms (timers: request deadlines, retries). It must be cheap.
   void AddTick(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
-  bool OnProgressThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // A waiting consumer's pass: if the worker is free, runs posted work and
+  // progress on this thread; if that found nothing, sleeps for events up to
+  // `max_wait` or until `wake_fd` (an eventfd; -1: none) is written (the
+  // caller's state changed elsewhere), and progresses what came. If another
+  // thread holds the worker, sleeps until it lets go or `wake_fd` is
+  // written, up to `max_wait`, without a pass. Reads `wake_fd` when it
+  // woke on it. True when it did either (the caller looks at its state
+  // again and may drive again); false when it could do neither (the worker
+  // is taken and there is no wake_fd; busy_poll; the worker stopped): the
+  // caller waits its own way, and whoever holds the worker runs the
+  // callbacks.
+  bool Drive(absl::Duration max_wait, int wake_fd = -1) ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
+  // Whether this thread is running a pass of this worker (its UCX calls
+  // are allowed here).
+  bool InPass() const;
+  // Passes run by Drive (tests, benchmarks).
+  int64_t driven_passes() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    return driven_passes_;
+  }
   // Times the thread's sleep ran out with work posted meanwhile: a Post
   // that did not wake it (0 unless the wake-up logic is broken).
   int64_t missed_wakeups() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     return missed_wakeups_;
   }
-  // Only on the progress thread.
+  // Only in a pass.
   ucp_worker_h handle() const { return h_; }
   const std::shared_ptr<Context>& context() const { return ctx_; }
 
  private:
-  Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, int post_fd, bool busy_poll)
-      : ctx_(std::move(ctx)), h_(h), efd_(efd), post_fd_(post_fd), busy_poll_(busy_poll) {}
+  Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, int epfd, bool busy_poll)
+      : ctx_(std::move(ctx)), h_(h), efd_(efd), epfd_(epfd), busy_poll_(busy_poll) {}
   void Loop();
-  void WakeProgressThread();  // any thread
+  // In a pass: begins it (false: the worker stopped), runs posted work (and
+  // the ticks; true if there was any), runs that and progresses until UCX
+  // has nothing left (true if any of that did something), and ends it: false while work is posted or
+  // ucp_worker_arm finds events (run Progress again), true once Post wakes
+  // the sleeper from here on.
+  bool BeginPass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  bool RunPosted(bool ticks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Progress(bool ticks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  bool EndPass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the pass (progressing until EndPass agrees) and lets go.
+  void LeavePass() ABSL_UNLOCK_FUNCTION(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds `wake_fd` to wanting_ (false: no fd, or stopped) or removes it.
+  bool Want(int wake_fd, bool want) ABSL_LOCKS_EXCLUDED(mu_);
+  // Lets go of the worker and wakes the consumers waiting for it.
+  void Release() ABSL_UNLOCK_FUNCTION(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::shared_ptr<Context> ctx_;
   ucp_worker_h h_;
   int efd_;      // UCX's (ucp_worker_get_efd)
-  int post_fd_;  // an eventfd: Post and stop wake the sleeping thread
+  EventFd post_;  // Post and stop wake the sleeping thread
+  int epfd_;      // the progress thread sleeps on it: efd_ and post_, unless a Drive took them
   bool busy_poll_;
+  // Held for a pass: whoever holds it may call UCX on the worker.
+  absl::Mutex pass_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::deque<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
-  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;  // between its last look at posted_ and waking
+  // A pass runs and will look at posted_ before it ends (else Post wakes
+  // the sleeper).
+  bool pass_running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t missed_wakeups_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t driven_passes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Wake fds of consumers in Drive waiting for the worker to be let go.
+  std::vector<int> wanting_ ABSL_GUARDED_BY(mu_);
   // Replaced (not changed) by AddTick, so a loop pass copies a pointer.
   std::shared_ptr<const std::vector<std::function<void()>>> ticks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -153,17 +213,17 @@ class Worker final {
   absl::Notification loop_left_;  // the progress thread makes no more UCX calls
 };
 
-// Progress thread only: installs an active-message handler on `worker`.
+// In a pass: installs an active-message handler on `worker`.
 absl::Status SetAmHandler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg);
-// Progress thread only: a client endpoint to the listener at "host:port",
+// In a pass: a client endpoint to the listener at "host:port",
 // with peer error handling (`on_error(arg, ep, status)` when the peer dies).
 absl::StatusOr<ucp_ep_h> ConnectEndpoint(ucp_worker_h worker, const std::string& host_port,
                                          ucp_err_handler_cb_t on_error, void* arg);
-// Progress thread only: a server endpoint for a listener's connection
+// In a pass: a server endpoint for a listener's connection
 // request, with peer error handling as ConnectEndpoint's.
 absl::StatusOr<ucp_ep_h> AcceptEndpoint(ucp_worker_h worker, ucp_conn_request_h request,
                                         ucp_err_handler_cb_t on_error, void* arg);
-// Progress thread only: closes `ep` at once (peer error handling mode).
+// In a pass: closes `ep` at once (peer error handling mode).
 void CloseEndpointForce(ucp_ep_h ep);
 // The UCX settings sluice applies unless the user set them (name without
 // the UCX_ prefix, value) for UCX_TLS = `ucx_tls` (default: the
@@ -173,7 +233,7 @@ void CloseEndpointForce(ucp_ep_h ep);
 std::vector<std::pair<std::string, std::string>> SluiceUcxDefaults(
     std::optional<std::string> ucx_tls = std::nullopt);
 
-// Progress thread only: the transports `ep` uses and what for, from UCX's
+// In a pass: the transports `ep` uses and what for, from UCX's
 // own endpoint description (ucp_ep_print_info), e.g.
 // "posix/memory(am am_bw keepalive) cma/memory(rma_bw)".
 std::string DescribeLanes(ucp_ep_h ep);

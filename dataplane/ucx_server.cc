@@ -1,6 +1,7 @@
-// UcxElementServer. Threads: the process's UCX progress thread (shared with
-// the client data plane and other in-process servers: ucx::Worker::Shared;
-// it accepts connections, receives requests, sends replies) and `threads`
+// UcxElementServer. Threads: the process's UCX worker's passes (its
+// progress thread, or an in-process consumer driving it; shared with the
+// client data plane and other in-process servers: ucx::Worker::Shared; they
+// accept connections, receive requests, send replies) and `threads`
 // serving threads that call the ElementSource (which may block) and post
 // the reply back.
 #include "sluice/dataplane/ucx_server.h"
@@ -58,7 +59,7 @@ std::atomic<int64_t>& ArenasMisplaced() {
 namespace {
 // Every UcxElementServer of the process shares the process's UCX worker
 // (ucx::Worker::Shared), so one AM handler serves them all and finds the
-// server by the endpoint a request came on. Progress thread only.
+// server by the endpoint a request came on. In a UCX pass only.
 //
 // A stopped server's listener is not destroyed at once: it keeps
 // answering for kListenerGrace first. UCX 1.13 may replay an async event it
@@ -126,7 +127,7 @@ std::shared_ptr<Outgoing> ErrorReply(uint64_t request_id, const absl::Status& er
   return out;
 }
 
-// Sends `out` on `ep` (progress thread). Rendezvous: the payload goes
+// Sends `out` on `ep` (in a UCX pass). Rendezvous: the payload goes
 // straight into the client's buffer; small replies go in the message when
 // the client asked so.
 void SendReply(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
@@ -157,7 +158,7 @@ void SendReply(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
   }
 }
 
-// The endpoints accepted by a stopped server's listener (progress thread).
+// The endpoints accepted by a stopped server's listener (in a UCX pass).
 void OnStoppedEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
   auto* slot = static_cast<ListenerSlot*>(arg);
   if (slot->eps.erase(ep)) {
@@ -203,7 +204,7 @@ struct UcxElementServer::Impl {
   ucp_listener_h listener = nullptr;
   std::unique_ptr<ListenerSlot> slot;  // the listener's handler argument
   std::string address;
-  std::set<ucp_ep_h> eps;  // progress thread only
+  std::set<ucp_ep_h> eps;  // in a UCX pass only
 
   std::string auth_token;  // empty: no auth
   std::atomic<int64_t> refusals{0}, serve_errors{0}, bytes_copied{0};
@@ -243,13 +244,13 @@ struct UcxElementServer::Impl {
     Registry().owner[ep] = self;
   }
 
-  // Queues `job` for a serving thread (progress thread).
+  // Queues `job` for a serving thread (in a UCX pass).
   void Enqueue(Job job) ABSL_LOCKS_EXCLUDED(mu) {
     absl::MutexLock l(&mu);
     jobs.push_back(std::move(job));
   }
 
-  // Answers a request it will not serve with `error` (progress thread).
+  // Answers a request it will not serve with `error` (in a UCX pass).
   void Refuse(ucp_ep_h ep, uint64_t request_id, absl::Status error) {
     if (refusals++ % 1000 == 0) {
       spdlog::warn("worker ucx {}: refused a request: {}", address, std::string(error.message()));
@@ -454,7 +455,7 @@ struct UcxElementServer::Impl {
     return absl::OkStatus();
   }
 
-  // On the progress thread.
+  // In a UCX pass.
   void Send(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
     if (!eps.count(ep)) return;  // the client disconnected meanwhile
     SendReply(ep, std::move(out));

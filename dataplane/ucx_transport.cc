@@ -2,10 +2,13 @@
 //
 // One process-wide UcxClient owns the receive pool, the requests in flight
 // and one endpoint per worker address, and uses the process's UCX worker
-// and progress thread (ucx::Worker::Shared, shared with any in-process
-// UcxElementServer). A UcxElementTransport reads one worker over the shared
-// endpoint to its address. GetElementAsync posts a request AM and returns;
-// the reply's AM handler (progress thread) takes a slot from the pool and
+// and its passes (ucx::Worker::Shared, shared with any in-process
+// UcxElementServer; ucx_runtime.h). A UcxElementTransport reads one worker
+// over the shared endpoint to its address. GetElementAsync sends a request
+// AM (from the calling thread when the worker is free, else posted) and
+// returns; the reply's AM handler (in a pass: on the progress thread, or on
+// a consumer that drives progress while it waits, DriveUcxClient) takes a
+// slot from the pool and
 // receives the rendezvous payload straight into it with
 // ucp_am_recv_data_nbx and the slot's memh, then runs the request's
 // callback there; the decoded Tensors view the slot, which returns to the
@@ -31,6 +34,7 @@
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"
+#include "sluice/dataplane/transport_registry.h"
 #include "sluice/dataplane/ucx_runtime.h"
 #include "spdlog/spdlog.h"
 
@@ -126,7 +130,7 @@ struct Pending {
   bool done ABSL_GUARDED_BY(mu) = false;
   ElementCallback callback ABSL_GUARDED_BY(mu);
   std::shared_ptr<TransportState> owner;
-  // Progress thread only:
+  // In a UCX pass only (ucx_runtime.h):
   uint64_t id = 0;                   // request id, once registered
   UcxEndpoint* endpoint = nullptr;   // while registered
   absl::Time deadline;
@@ -145,7 +149,7 @@ struct Pending {
 // One UCX endpoint to one worker address, shared by every transport of the
 // process to that address (each task of each iteration has a transport):
 // connections are made when a worker is first read or comes back, not per
-// task. Progress thread only, created and destroyed there.
+// task. In a UCX pass only, created and destroyed there.
 //
 // UCX 1.13 asserts in its TCP connection manager (tcp_sockcm_ep.c:416)
 // when connections are set up and torn down at a high rate in one process
@@ -292,7 +296,7 @@ class UcxClient {
   ucx::Worker* worker() { return worker_.get(); }
   SlotPool* pool() { return pool_.get(); }
 
-  // Progress thread only. The endpoint to `address`: the cached one while
+  // In a UCX pass only. The endpoint to `address`: the cached one while
   // it works, else a new one (not within kReconnectAfter of the last
   // failure there: Unavailable then).
   absl::StatusOr<std::shared_ptr<UcxEndpoint>> EndpointFor(const std::string& address) {
@@ -320,7 +324,7 @@ class UcxClient {
     return e;
   }
 
-  // Progress thread only: sends `h` (header, token, acks) for `p` on `e`.
+  // In a UCX pass only (ucx_runtime.h): sends `h` (header, token, acks) for `p` on `e`.
   void Send(const std::shared_ptr<UcxEndpoint>& e, const std::shared_ptr<Pending>& p,
             ucx::RequestHeader h, const std::string& tail) {
     h.request_id = next_id_++;
@@ -351,7 +355,7 @@ class UcxClient {
     }
   }
 
-  // Progress thread only: runs `send` once the receive pool is below its
+  // In a UCX pass only (ucx_runtime.h): runs `send` once the receive pool is below its
   // cap (backpressure: the user holds that much), now if it is.
   void WhenPoolHasRoom(std::function<void()> send) {
     if (deferred_.empty() && !pool_->OverCap()) return send();
@@ -359,7 +363,7 @@ class UcxClient {
     deferred_count_.store(static_cast<int64_t>(deferred_.size()));
   }
 
-  // Progress thread only: drops `id` from the maps; null if unknown.
+  // In a UCX pass only (ucx_runtime.h): drops `id` from the maps; null if unknown.
   // `replied`: its reply came, so the endpoint's wireup is done (see
   // UcxEndpoint::NoteLanes).
   std::shared_ptr<Pending> Unregister(uint64_t id, bool replied = false) {
@@ -640,7 +644,7 @@ class UcxClient {
 
   std::shared_ptr<SlotPool> pool_;
   std::shared_ptr<ucx::Worker> worker_;  // the process's (ucx::Worker::Shared)
-  // Progress thread only:
+  // In a UCX pass only (ucx_runtime.h):
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // registered requests
   uint64_t next_id_ = 1;
   std::map<std::string, Cached> endpoints_;
@@ -678,8 +682,8 @@ class UcxElementTransport final : public ElementTransport {
 
   ~UcxElementTransport() override {
     Cancel();
-    // Every callback ran (those on the progress thread are before this in
-    // its queue); the endpoint is released there, where it lives.
+    // Every callback ran (those posted are before this in the queue); the
+    // endpoint is released in a pass, where it lives.
     UcxElementTransport* raw = this;
     client_->worker()->Run([raw] { raw->endpoint_.reset(); });
   }
@@ -744,7 +748,10 @@ class UcxElementTransport final : public ElementTransport {
       }
       client->Send(raw->endpoint_, p, h, tail);
     };
-    client->worker()->Post([client, send = std::move(send), leaving = request.leaving]() mutable {
+    // Sent from this thread when the worker is free (no wake-up of the
+    // progress thread for each request).
+    client->worker()->RunHereOrPost([client, send = std::move(send),
+                                     leaving = request.leaving]() mutable {
       // A consumer that leaves gets no elements back: its goodbye needs no
       // room in the receive pool, which its own buffered elements may fill.
       if (leaving) return send();
@@ -778,10 +785,15 @@ class UcxElementTransport final : public ElementTransport {
   const int64_t max_element_bytes_;
   const EagerReplies eager_;  // see MakeUcxElementTransport
   const std::shared_ptr<TransportState> state_;
-  std::shared_ptr<UcxEndpoint> endpoint_;  // progress thread only
+  std::shared_ptr<UcxEndpoint> endpoint_;  // in a UCX pass only
 };
 
 }  // namespace
+
+bool DriveUcxClient(absl::Duration max_wait, int wake_fd) {
+  UcxClient* c = g_client.load();
+  return c != nullptr && c->worker()->Drive(max_wait, wake_fd);
+}
 
 }  // namespace internal
 
@@ -852,6 +864,7 @@ TransportStats GetTransportStats() {
     s.receive_pool_registered_bytes = static_cast<int64_t>(client->pool()->registered_bytes());
     s.receive_pool_over_cap = client->pool()->OverCap();
     s.receive_pool_cuda_pinned_bytes = static_cast<int64_t>(client->pool()->pinned_bytes());
+    s.ucx_consumer_driven_passes = client->worker()->driven_passes();
   }
   s.cuda_pin_failures = internal::g_cuda_pin_failures.load();
   {

@@ -1064,7 +1064,7 @@ fields of C++ WorkerConfig (dispatcher_address is required).)doc")
     py::dict d;
 #define SLUICE_STAT_(f) d[#f] = s.f
     SLUICE_STAT_(ucx_elements_received); SLUICE_STAT_(ucx_bytes_received);
-    SLUICE_STAT_(ucx_endpoints_connected);
+    SLUICE_STAT_(ucx_endpoints_connected); SLUICE_STAT_(ucx_consumer_driven_passes);
     SLUICE_STAT_(client_payload_bytes_copied); SLUICE_STAT_(dedicated_buffer_allocations);
     SLUICE_STAT_(pool_buffers_in_use); SLUICE_STAT_(pool_high_water_mark);
     SLUICE_STAT_(worker_frames_in_registered_memory); SLUICE_STAT_(worker_zero_copy_payloads);

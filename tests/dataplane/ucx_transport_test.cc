@@ -17,6 +17,7 @@
 #include "sluice/core/frame.h"
 #include "sluice/dataplane/element_transport.h"
 #include "sluice/dataplane/ucx_protocol.h"
+#include "sluice/core/event_fd.h"
 #include "sluice/dataplane/ucx_runtime.h"
 #include "sluice/dataplane/ucx_server.h"
 #include "tests/huge_pages_util.h"
@@ -448,7 +449,12 @@ TEST(UcxWorkerTest, PostWakesTheSleepingProgressThread) {
   int ran = 0;
   for (int i = 0; i < 30; ++i) {
     absl::SleepFor(absl::Milliseconds(3));  // long enough for it to go to sleep
-    worker->Run([&] { ++ran; });
+    absl::Notification done;
+    worker->Post([&] {
+      ++ran;
+      done.Notify();
+    });
+    done.WaitForNotification();
   }
   // Posts from the progress thread itself run on its next pass, unwoken.
   absl::Notification chained;
@@ -456,6 +462,81 @@ TEST(UcxWorkerTest, PostWakesTheSleepingProgressThread) {
   chained.WaitForNotification();
   EXPECT_EQ(ran, 30);
   EXPECT_EQ(worker->missed_wakeups(), 0);
+}
+
+// A consumer that drives the worker while it waits (Drive) sleeps on the
+// worker's fds itself: work posted meanwhile runs on that consumer's
+// thread, in its pass, and not on the progress thread.
+TEST(UcxWorkerTest, WorkPostedWhileAConsumerDrivesRunsOnTheConsumer) {
+  namespace ucx = internal::ucx;
+  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
+  ASSERT_OK_AND_ASSIGN(auto worker, ucx::Worker::Create(ctx, /*busy_poll=*/false));
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::atomic<bool> drove{false};
+    std::thread::id driver, ran_on;
+    absl::Notification ran;
+    std::thread consumer([&] {
+      driver = std::this_thread::get_id();
+      // Until the post came (the progress thread may hold the worker for a
+      // moment: Drive then returns false at once, without a wake fd).
+      while (!ran.HasBeenNotified()) {
+        if (worker->Drive(absl::Milliseconds(500))) drove = true;
+      }
+    });
+    while (worker->driven_passes() == 0 && !drove) absl::SleepFor(absl::Milliseconds(1));
+    absl::SleepFor(absl::Milliseconds(5));  // asleep in its pass, most likely
+    worker->Post([&] {
+      ran_on = std::this_thread::get_id();
+      EXPECT_TRUE(worker->InPass());
+      ran.Notify();
+    });
+    ran.WaitForNotification();
+    consumer.join();
+    if (ran_on == driver) return;  // (else the progress thread had it then; try again)
+  }
+  ADD_FAILURE() << "posted work never ran on the consumer driving the worker";
+}
+
+// A consumer that finds the worker taken waits on its own wake fd (its
+// state changed elsewhere) or until the worker is let go; without a wake
+// fd it does not wait at all.
+TEST(UcxWorkerTest, DriveOnATakenWorkerWaitsForTheWakeFdOrTheRelease) {
+  namespace ucx = internal::ucx;
+  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
+  ASSERT_OK_AND_ASSIGN(auto worker, ucx::Worker::Create(ctx, /*busy_poll=*/false));
+  // The progress thread holds the worker until `release`.
+  absl::Notification holding, release;
+  worker->Post([&] {
+    holding.Notify();
+    release.WaitForNotification();
+  });
+  holding.WaitForNotification();
+  const int64_t passes = worker->driven_passes();
+  EXPECT_FALSE(worker->Drive(absl::Seconds(5)));  // no wake fd: returns at once
+  internal::EventFd wake;
+  ASSERT_GE(wake.fd(), 0);
+  // (Woken, not timed out: each wait below is 60 s.)
+  wake.Signal();  // the caller's state changed: no wait, no pass
+  absl::Time start = absl::Now();
+  EXPECT_TRUE(worker->Drive(absl::Seconds(60), wake.fd()));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_EQ(worker->driven_passes(), passes);
+  // Let go while it waits: it wakes, and the next Drive runs a pass.
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    release.Notify();
+    // If the Drive below took the free worker instead (a slow start), it
+    // sleeps in its pass: work posted ends that.
+    absl::SleepFor(absl::Milliseconds(50));
+    worker->Post([] {});
+  });
+  start = absl::Now();
+  EXPECT_TRUE(worker->Drive(absl::Seconds(60), wake.fd()));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  releaser.join();
+  while (worker->driven_passes() == passes) {
+    ASSERT_TRUE(worker->Drive(absl::Milliseconds(1), wake.fd()));
+  }
 }
 
 // Registered buffers that bulk data crosses (arenas without a placement,

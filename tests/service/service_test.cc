@@ -740,6 +740,27 @@ TEST_P(ServiceTest, ElementsOfAnyDtypeAndShapeArriveBitExact) {
   }
 }
 
+// Over UCX, a consumer waiting in Next() drives the worker itself (one
+// wake-up per reply; docs/dataplane.md "Progress"), and every element
+// arrives once.
+TEST_P(ServiceTest, AConsumerWaitingOverUcxDrivesTheWorkerItself) {
+  StartService(1);
+  const TransportStats before = GetTransportStats();
+  DistributeOptions o = Options();
+  o.max_outstanding_requests = 1;  // a reply to wait for before each element
+  ASSERT_OK_AND_ASSIGN(auto out, WithHangGuard([&] {
+                         return Collect(Dataset::Range(300).Apply(Distribute(o)));
+                       }));
+  ASSERT_EQ(out.size(), 300u);
+  for (int64_t i = 0; i < 300; ++i) EXPECT_EQ(out[i][0].at<int64_t>(0), i);
+  const TransportStats after = GetTransportStats();
+  if (GetParam() == "ucx") {
+    EXPECT_GT(after.ucx_consumer_driven_passes, before.ucx_consumer_driven_passes);
+  } else {
+    EXPECT_EQ(after.ucx_consumer_driven_passes, before.ucx_consumer_driven_passes);
+  }
+}
+
 TEST_P(ServiceTest, RuntimeErrorOnTheWorkerReachesTheClient) {
   StartService(1);
   EXPECT_STATUS(WithHangGuard([&] {
