@@ -452,7 +452,14 @@ bool Worker::RunPosted(bool ticks) {
   {
     absl::MutexLock l(&mu_);
     work.swap(posted_);
-    if (ticks) tick_fns = ticks_;
+    // The ticks: always on the progress thread's passes; in a consumer's
+    // when they are due (the consumer may hold the worker while the
+    // progress thread waits for it).
+    const absl::Time now = absl::Now();
+    if (ticks || now - last_ticks_ >= kTickInterval) {
+      tick_fns = ticks_;
+      last_ticks_ = now;
+    }
   }
   for (auto& fn : work) fn();
   if (tick_fns != nullptr) {

@@ -136,8 +136,9 @@ class Worker final {
   void RunHereOrPost(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_, pass_mu_);
   // Runs `fn` in a pass and waits for it.
   void Run(std::function<void()> fn);
-  // Runs `fn` on the progress thread on every pass of its loop, at least
-  // every 100 ms (timers: request deadlines, retries). It must be cheap.
+  // Runs `fn` on every pass of the progress thread's loop, at least every
+  // 100 ms, and on a consumer's pass when it has not run for 100 ms
+  // (timers: request deadlines, retries). It must be cheap.
   void AddTick(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
   // A waiting consumer's pass: if the worker is free, runs posted work and
   // progress on this thread; if that found nothing, sleeps for events up to
@@ -208,6 +209,8 @@ class Worker final {
   std::vector<int> wanting_ ABSL_GUARDED_BY(mu_);
   // Replaced (not changed) by AddTick, so a loop pass copies a pointer.
   std::shared_ptr<const std::vector<std::function<void()>>> ticks_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_ticks_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  static constexpr absl::Duration kTickInterval = absl::Milliseconds(100);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   absl::Notification loop_left_;  // the progress thread makes no more UCX calls
