@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "sluice/core/event_fd.h"
 #include "sluice/dataplane/element_transport.h"
+#include "sluice/dataplane/transport_registry.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice {
@@ -86,14 +88,24 @@ class FallbackTransport final : public ElementTransport {
 absl::StatusOr<ElementResult> ElementTransport::GetElement(const ElementRequest& request) {
   struct Outcome {
     absl::Notification done;
+    internal::EventFd wake;  // written with the outcome, for a waiter driving UCX
     absl::StatusOr<ElementResult> result = absl::UnknownError("no outcome");
   };
   auto outcome = std::make_shared<Outcome>();
   GetElementAsync(request, [outcome](absl::StatusOr<ElementResult> r) {
     outcome->result = std::move(r);
     outcome->done.Notify();
+    outcome->wake.Signal();
   });
-  outcome->done.WaitForNotification();
+  // Over a protocol that lets a waiter drive its progress, this thread
+  // does, as the data-service iterator does (TransportProtocol::drive_client).
+  auto by_name = internal::FindTransportProtocol(protocol(), "GetElement");
+  while (!outcome->done.HasBeenNotified()) {
+    if (!by_name.ok() || !(*by_name)->drive_client ||
+        !(*by_name)->drive_client(absl::Milliseconds(100), outcome->wake.fd())) {
+      outcome->done.WaitForNotification();
+    }
+  }
   return std::move(outcome->result);
 }
 
