@@ -55,9 +55,11 @@ struct TransportProtocol {
   // its own thread, so that a reply wakes the thread that wants it rather
   // than the protocol's thread, which then wakes the consumer: one pass,
   // sleeping up to `max_wait` or until `wake_fd` (an eventfd; -1: none) is
-  // written. True when it ran one (look at the state again); false when it
-  // could not (another thread progresses and runs the callbacks: wait as
-  // usual). Null: the protocol has no such thing.
+  // written; or, while another thread progresses, a wait as long for
+  // `wake_fd` or for that thread to let go. True when it did either (look
+  // at the state again, and drive again); false when it could do neither
+  // (no wake_fd, nothing to drive): wait as usual, the callbacks run
+  // elsewhere. Null: the protocol has no such thing.
   std::function<bool(absl::Duration max_wait, int wake_fd)> drive_client;
 };
 
