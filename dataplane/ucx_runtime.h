@@ -11,7 +11,7 @@
 //    means more events: progress again), lets go of it and sleeps in
 //    epoll_wait on the worker's event fd and an eventfd of its own;
 //  - a consumer that waits for a reply (Drive): while the worker is free,
-//    it takes it, progresses, and sleeps on those fds itself, having taken
+//    it takes it, arms it, and sleeps on those fds itself, having taken
 //    them out of the progress thread's epoll set, so one reply wakes one
 //    thread and the callback that delivers the reply runs on the thread
 //    that wants it (no hand-off: one wake-up per reply instead of two).
@@ -140,10 +140,10 @@ class Worker final {
   // 100 ms, and on a consumer's pass when it has not run for 100 ms
   // (timers: request deadlines, retries). It must be cheap.
   void AddTick(std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_);
-  // A waiting consumer's pass: if the worker is free, runs posted work and
-  // progress on this thread; if that found nothing, sleeps for events up to
-  // `max_wait` or until `wake_fd` (an eventfd; -1: none) is written (the
-  // caller's state changed elsewhere), and progresses what came. If another
+  // A waiting consumer's pass: if the worker is free, runs posted work on
+  // this thread; if there was none, arms the worker and sleeps for events
+  // up to `max_wait` or until `wake_fd` (an eventfd; -1: none) is written
+  // (the caller's state changed elsewhere), and progresses what came. If another
   // thread holds the worker, sleeps until it lets go or `wake_fd` is
   // written, up to `max_wait`, without a pass. Reads `wake_fd` when it
   // woke on it. True when it did either (the caller looks at its state
@@ -174,11 +174,12 @@ class Worker final {
   Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, int epfd, bool busy_poll)
       : ctx_(std::move(ctx)), h_(h), efd_(efd), epfd_(epfd), busy_poll_(busy_poll) {}
   void Loop();
-  // In a pass: begins it (false: the worker stopped), runs posted work (and
-  // the ticks; true if there was any), runs that and progresses until UCX
-  // has nothing left (true if any of that did something), and ends it: false while work is posted or
-  // ucp_worker_arm finds events (run Progress again), true once Post wakes
-  // the sleeper from here on.
+  // In a pass: BeginPass begins it (false: the worker stopped); RunPosted
+  // runs posted work and the ticks (true if there was posted work);
+  // Progress runs that and progresses until UCX has nothing left (true if
+  // any of that did something); EndPass ends it: false while work is posted
+  // or ucp_worker_arm finds events (run Progress again), true once Post
+  // wakes the sleeper from here on.
   bool BeginPass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   bool RunPosted(bool ticks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   bool Progress(bool ticks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
