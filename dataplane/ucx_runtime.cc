@@ -281,14 +281,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(std::shared_ptr<Context> 
         absl::StrCat("epoll for the UCX progress thread: ", std::strerror(errno)));
   }
   std::unique_ptr<Worker> w(new Worker(std::move(ctx), h, efd, epfd, busy_poll));
-  bool added = w->post_.fd() >= 0;
-  for (int fd : {efd, w->post_.fd()}) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    added = added && epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0;
-  }
-  if (!added) {
+  if (w->post_.fd() < 0 || !w->WatchSleeperFds(EPOLL_CTL_ADD)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("eventfd for the UCX progress thread: ", std::strerror(errno)));
   }
@@ -403,16 +396,7 @@ void Worker::RunHereOrPost(std::function<void()> fn) {
   // No progress, so no arm either: what the sleeper armed for still wakes
   // it (the worker's fd is level-triggered: events pending on it, or left
   // by this pass, keep it readable).
-  while (true) {
-    {
-      absl::MutexLock l(&mu_);
-      if (posted_.empty()) {
-        pass_running_ = false;
-        break;
-      }
-    }
-    RunPosted(false);
-  }
+  while (!NothingPosted()) RunPosted(false);
   Release();
 }
 
@@ -438,10 +422,22 @@ void Worker::AddTick(std::function<void()> fn) {
   ticks_ = std::move(ticks);
 }
 
-bool Worker::BeginPass() {
+bool Worker::WatchSleeperFds(int op) {
+  bool ok = true;
+  for (int fd : {efd_, post_.fd()}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    ok = epoll_ctl(epfd_, op, fd, &ev) == 0 && ok;
+  }
+  return ok;
+}
+
+bool Worker::BeginPass(bool driven) {
   absl::MutexLock l(&mu_);
   if (stop_) return false;
   pass_running_ = true;
+  if (driven) ++driven_passes_;
   t_pass_of = this;
   return true;
 }
@@ -475,12 +471,15 @@ bool Worker::Progress(bool ticks) {
   return progressed || ran;
 }
 
+bool Worker::NothingPosted() {
+  absl::MutexLock l(&mu_);
+  if (!posted_.empty()) return false;
+  pass_running_ = false;  // from here on, Post wakes the sleeper
+  return true;
+}
+
 bool Worker::EndPass() {
-  {
-    absl::MutexLock l(&mu_);
-    if (!posted_.empty()) return false;
-    pass_running_ = false;  // from here on, Post wakes the sleeper
-  }
+  if (!NothingPosted()) return false;
   // Armed, the worker's fd tells its sleeper of every later event, whoever
   // sleeps on it. BUSY: events are pending; progress again.
   if (ucp_worker_arm(h_) != UCS_ERR_BUSY) return true;
@@ -531,13 +530,9 @@ bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
     }
     Want(wake_fd, false);
   }
-  if (!BeginPass()) {
+  if (!BeginPass(/*driven=*/true)) {
     pass_mu_.Unlock();
     return false;
-  }
-  {
-    absl::MutexLock l(&mu_);
-    ++driven_passes_;
   }
   bool slept = false;
   // Armed without a progress call first (each one epoll_waits every tcp
@@ -549,8 +544,7 @@ bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
     // sleep on, taken out of its set meanwhile so that an event wakes only
     // this thread (a progress thread woken anyway waits for the worker,
     // then finds nothing to do).
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, efd_, nullptr);
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, post_.fd(), nullptr);
+    WatchSleeperFds(EPOLL_CTL_DEL);
     slept = true;
     pollfd pfds[3] = {{efd_, POLLIN, 0}, {post_.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
     poll(pfds, wake_fd >= 0 ? 3 : 2, ms);
@@ -563,15 +557,8 @@ bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
     Progress(false);
   }
   while (!EndPass()) Progress(false);
-  if (slept) {
-    // Armed and drained: the progress thread wakes for what comes next.
-    for (int fd : {efd_, post_.fd()}) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.fd = fd;
-      epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
-    }
-  }
+  // Armed and drained: the progress thread wakes for what comes next.
+  if (slept) WatchSleeperFds(EPOLL_CTL_ADD);
   Release();
   return true;
 }

@@ -174,13 +174,21 @@ class Worker final {
   Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, int epfd, bool busy_poll)
       : ctx_(std::move(ctx)), h_(h), efd_(efd), epfd_(epfd), busy_poll_(busy_poll) {}
   void Loop();
-  // In a pass: BeginPass begins it (false: the worker stopped); RunPosted
+  // Adds (EPOLL_CTL_ADD) or removes (EPOLL_CTL_DEL) efd_ and post_ in the
+  // progress thread's epoll set; false if the kernel refused.
+  bool WatchSleeperFds(int op);
+  // In a pass: BeginPass begins it (false: the worker stopped; `driven`: a
+  // consumer's, counted); RunPosted
   // runs posted work and the ticks (true if there was posted work);
   // Progress runs that and progresses until UCX has nothing left (true if
-  // any of that did something); EndPass ends it: false while work is posted
-  // or ucp_worker_arm finds events (run Progress again), true once Post
-  // wakes the sleeper from here on.
-  bool BeginPass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // any of that did something); NothingPosted is false while work is
+  // posted, else the pass stops looking at the queue (Post wakes the
+  // sleeper from here on); EndPass ends it: false while work is posted or
+  // ucp_worker_arm finds events (run Progress again), true once Post wakes
+  // the sleeper from here on.
+  bool BeginPass(bool driven = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool NothingPosted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   bool RunPosted(bool ticks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   bool Progress(bool ticks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   bool EndPass() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_) ABSL_LOCKS_EXCLUDED(mu_);
