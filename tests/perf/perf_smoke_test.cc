@@ -395,11 +395,18 @@ TEST(PerfSmokeTest, FilesReportsSplitsPerEpochAndChecksEveryEpoch) {
   EXPECT_GT(FieldDouble(row(0), "journal_records_per_epoch"), 300) << text;
   EXPECT_THAT(out, ::testing::HasSubstr("targets not checked"));
 
-  // A file gone from the corpus: every row fails, naming what it got.
+  // A file gone from the corpus: every row fails, naming what it got. A
+  // failed run keeps its scratch folder (the children's logs) under
+  // $TMPDIR: here one of the test's own, removed after.
   ASSERT_EQ(std::system(absl::StrCat("rm -f '", corpus, "/c0001/f00000005.bin'").c_str()), 0);
-  ASSERT_NE(RunPerf(args, &out), 0) << out;
+  const std::string kept = Scratch("files_kept");
+  std::filesystem::create_directories(kept);
+  ASSERT_NE(RunPerf(args, &out, absl::StrCat("TMPDIR='", kept, "' ")), 0) << out;
   EXPECT_THAT(out, ::testing::HasSubstr("599 files"));
   EXPECT_THAT(out, ::testing::HasSubstr("FAILED"));
+  EXPECT_FALSE(std::filesystem::is_empty(kept)) << out;
+  std::filesystem::remove_all(kept);
+  std::remove(json.c_str());
   std::system(absl::StrCat("rm -rf '", corpus, "'").c_str());
 
   ASSERT_NE(RunPerf("files --file_split_files -1", &out), 0);

@@ -1089,10 +1089,11 @@ TEST_P(ServiceTest, DistributedEpochUntrackedPipelineAndFileSplits) {
   }
   EXPECT_THAT(got, UnorderedElementsAreArray(Iota(20)));
   // ReadRecords over files: one file per split.
+  sluice_test::TempDir dir;
   std::vector<std::string> files;
   std::vector<std::string> records;
   for (int f = 0; f < 5; ++f) {
-    std::string path = ::testing::TempDir() + "/sluice_de_" + GetParam() + std::to_string(f);
+    std::string path = dir.File(std::to_string(f));
     std::vector<std::string> recs;
     for (int r = 0; r < 3; ++r) recs.push_back("f" + std::to_string(f) + "r" + std::to_string(r));
     ASSERT_OK(WriteTFRecordFile(path, recs));
