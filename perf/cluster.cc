@@ -20,7 +20,8 @@ std::string DispatcherProcess::address() const { return absl::StrCat("127.0.0.1:
 absl::StatusOr<DispatcherProcess> StartDispatcherProcess(const std::string& binary,
                                                          const std::string& scratch_dir,
                                                          const std::string& name,
-                                                         const std::vector<std::string>& extra_args) {
+                                                         const std::vector<std::string>& extra_args,
+                                                         const std::vector<std::pair<std::string, std::string>>& extra_env) {
   DispatcherProcess d;
   d.work_dir = absl::StrCat(scratch_dir, "/", name, "-journal");
   const std::string port_file = absl::StrCat(scratch_dir, "/", name, ".port");
@@ -29,7 +30,9 @@ absl::StatusOr<DispatcherProcess> StartDispatcherProcess(const std::string& bina
                                    "--fault_tolerant_mode", "--work_dir", d.work_dir,
                                    "--metrics_port", "0"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  SLUICE_RETURN_IF_ERROR(d.child->Start(binary, args, {{"SLUICE_LOG_LEVEL", "info"}}));
+  std::vector<std::pair<std::string, std::string>> env = {{"SLUICE_LOG_LEVEL", "info"}};
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  SLUICE_RETURN_IF_ERROR(d.child->Start(binary, args, env));
   SLUICE_ASSIGN_OR_RETURN(d.port, WaitForPortFile(*d.child, port_file, kDispatcherStartTimeout));
   // The metrics endpoint's port, from the line the dispatcher logs when it
   // starts serving ("metrics at http://HOST:PORT/metrics").

@@ -29,11 +29,13 @@ struct DispatcherProcess {
   std::string work_dir;
   std::string address() const;  // "127.0.0.1:PORT"
 };
-// Starts `binary` with `extra_args` added to the flags above; its log and
-// journal are under `scratch_dir`, named after `name`.
+// Starts `binary` with `extra_args` added to the flags above and `extra_env`
+// to its environment; its log and journal are under `scratch_dir`, named
+// after `name`.
 absl::StatusOr<DispatcherProcess> StartDispatcherProcess(
     const std::string& binary, const std::string& scratch_dir, const std::string& name,
-    const std::vector<std::string>& extra_args = {});
+    const std::vector<std::string>& extra_args = {},
+    const std::vector<std::pair<std::string, std::string>>& extra_env = {});
 // GET http://127.0.0.1:port/metrics, parsed as "name value" lines (empty
 // when it cannot be read).
 std::map<std::string, double> ReadMetrics(int port);

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -604,6 +605,26 @@ void Fleet::Stop(absl::Duration timeout) {
 
 // ---- calls/s rows ----------------------------------------------------------------
 
+// What the dispatcher processes get in their environment: with
+// --journal_sync_delay_us, the slow-sync library preloaded (perf/slow_sync.cc).
+using DispatcherEnv = std::vector<std::pair<std::string, std::string>>;
+
+absl::StatusOr<DispatcherEnv> SlowSyncEnv(int64_t delay_us) {
+  if (delay_us <= 0) return DispatcherEnv{};
+  SLUICE_ASSIGN_OR_RETURN(const std::string lib, LocateSlowSyncLibrary());
+  // Appended to what this process was given (a sanitizer build's runtime).
+  auto appended = [](const char* name, const std::string& value, const char* sep) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? absl::StrCat(v, sep, value) : value;
+  };
+  return DispatcherEnv{
+      {"SLUICE_PERF_SYNC_DELAY_US", absl::StrCat(delay_us)},
+      {"LD_PRELOAD", appended("LD_PRELOAD", lib, ":")},
+      // A sanitizer build's dispatcher: its runtime is then not the first
+      // library loaded, which ASan refuses unless told.
+      {"ASAN_OPTIONS", appended("ASAN_OPTIONS", "verify_asan_link_order=0", ":")}};
+}
+
 struct RateRow {
   std::string op;
   int callers = 0;
@@ -617,7 +638,7 @@ struct RateRow {
 // Calls one op in `callers` concurrent closed loops for `seconds` against a
 // fresh dispatcher.
 RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std::string& op,
-                int callers, double seconds) {
+                int callers, double seconds, const DispatcherEnv& env) {
   RateRow row;
   row.op = op;
   row.callers = callers;
@@ -625,7 +646,8 @@ RateRow RunRate(const std::string& binary, const ScratchDir& scratch, const std:
     row.error = OneLine(s);
     return row;
   };
-  auto d = StartDispatcherProcess(binary, scratch.path(), absl::StrCat("rate-", op, "-", callers));
+  auto d = StartDispatcherProcess(binary, scratch.path(), absl::StrCat("rate-", op, "-", callers),
+                                  {}, env);
   if (!d.ok()) return fail(d.status());
   auto stubs = MakeStubs(d->port, std::min(callers, 16));
   internal::CallbackCallGuard in_flight;  // after stubs: waited for before they go
@@ -822,6 +844,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
                                                    fo.consumers, ": every job needs a consumer"));
   }
   const MachineInfo machine = DescribeMachine();
+  SLUICE_ASSIGN_OR_RETURN(const DispatcherEnv env, SlowSyncEnv(a.journal_sync_delay_us));
   SLUICE_ASSIGN_OR_RETURN(ScratchDir scratch, ScratchDir::Create("sluice_perf_dispatcher"));
   if (a.common.keep_logs) scratch.Keep();
   bool any_failed = false;
@@ -834,7 +857,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     for (const auto& op : ops) {
       for (int callers : a.callers) {
         progress.Step(absl::StrCat(op, ", ", callers, " caller(s)"));
-        rates.push_back(RunRate(binary, scratch, op, callers, rate_seconds));
+        rates.push_back(RunRate(binary, scratch, op, callers, rate_seconds, env));
         if (!rates.back().error.empty()) {
           std::fprintf(stderr, "\nsluice-perf: dispatcher %s x%d: %s\n", op.c_str(), callers,
                        rates.back().error.c_str());
@@ -861,7 +884,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     std::string last_error;
   } fr;
   if (!a.no_fleet) {
-    auto d = StartDispatcherProcess(binary, scratch.path(), "fleet");
+    auto d = StartDispatcherProcess(binary, scratch.path(), "fleet", {}, env);
     if (!d.ok()) {
       fr.error = OneLine(d.status());
     } else {
@@ -962,11 +985,17 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
   std::printf("sluice-perf dispatcher%s: one sluice-dispatcher process (fault-tolerant, journal "
               "fsync'd, %s)\n",
               quick ? " --quick" : "", binary.c_str());
+  if (a.journal_sync_delay_us > 0) {
+    std::printf("journal syncs made %lld us longer than this machine's disk made them "
+                "(--journal_sync_delay_us: a slower disk, emulated)\n",
+                static_cast<long long>(a.journal_sync_delay_us));
+  }
   std::printf("machine: %s\n", machine.Describe().c_str());
   Report report;
   report.mode = "dispatcher";
   report.command = command;
   report.machine = machine;
+  report.fields.emplace_back("journal_sync_delay_us", absl::StrCat(a.journal_sync_delay_us));
   if (!rates.empty()) {
     std::printf("\ncalls/s, closed loop, a fresh dispatcher per row (GetSplit: each call reports "
                 "the caller's last split completed and takes a new one)\n");

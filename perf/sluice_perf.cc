@@ -248,6 +248,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   dispatcher->add_flag("--no_rates", da.no_rates, "skip the calls/s rows");
   dispatcher->add_flag("--no_fleet", da.no_fleet, "skip the fleet simulation");
+  dispatcher->add_option("--journal_sync_delay_us", da.journal_sync_delay_us,
+                         "make each journal sync of the dispatcher (--dispatcher_binary's too) "
+                         "this much longer: a slower disk, emulated (0: this machine's disk)")
+      ->check(CLI::NonNegativeNumber);
 
   FilesArgs fa;
   CLI::App* files = app.add_subcommand(

@@ -95,7 +95,8 @@ absl::StatusOr<std::string> Locate(const std::string& what, const std::string& f
     if (!c.empty() && access(c.c_str(), R_OK) == 0) return c;
   }
   return absl::NotFoundError(absl::StrCat("cannot find ", what, " (looked at ",
-                                          absl::StrJoin(candidates, ", "), "); pass ", flag_name));
+                                          absl::StrJoin(candidates, ", "), ")",
+                                          flag_name.empty() ? "" : "; pass ", flag_name));
 }
 
 
@@ -113,6 +114,14 @@ absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
                         dir + "/../" SLUICE_PERF_INSTALL_LIBDIR "/libsluice_perf_plugin.so",
                         SLUICE_PERF_BUILD_PLUGIN}));
   return b;
+}
+
+absl::StatusOr<std::string> LocateSlowSyncLibrary() {
+  const std::string dir = SelfDir();
+  return Locate("the slow-sync library", "", "",
+                {dir + "/libsluice_perf_slow_sync.so", dir + "/../lib/libsluice_perf_slow_sync.so",
+                 dir + "/../" SLUICE_PERF_INSTALL_LIBDIR "/libsluice_perf_slow_sync.so",
+                 SLUICE_PERF_BUILD_SLOW_SYNC});
 }
 
 absl::StatusOr<std::string> LocateDispatcherBinary(const std::string& flag) {

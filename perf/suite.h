@@ -39,6 +39,9 @@ absl::StatusOr<Binaries> LocateBinaries(const std::string& worker_flag,
 // sluice-dispatcher: `flag` (--dispatcher_binary) when set, else next to
 // sluice-perf or in the build tree.
 absl::StatusOr<std::string> LocateDispatcherBinary(const std::string& flag);
+// libsluice_perf_slow_sync.so (perf/slow_sync.cc): next to sluice-perf, installed,
+// or in the build tree.
+absl::StatusOr<std::string> LocateSlowSyncLibrary();
 
 // The directory holding the `sluice` Python package (the PYTHONPATH of a
 // Python child): `flag` when set, else an installed
@@ -230,6 +233,9 @@ struct DispatcherArgs {
   std::vector<int> callers = {1, 64};
   bool no_rates = false;
   bool no_fleet = false;
+  // > 0: every journal sync of the dispatcher (and of --dispatcher_binary)
+  // takes this much longer, as on a slower disk (perf/slow_sync.cc).
+  int64_t journal_sync_delay_us = 0;
 };
 absl::Status RunDispatcher(const DispatcherArgs& args, const std::string& command);
 

@@ -248,6 +248,28 @@ TEST(PerfSmokeTest, DispatcherReportsRatesAndTheFleet) {
   EXPECT_THAT(out, ::testing::HasSubstr("worker heartbeat lateness"));
 }
 
+// --journal_sync_delay_us: every sync of the dispatcher's journal takes at
+// least that long, so one caller, whose every GetSplit waits for a sync of
+// its own, cannot exceed 1 / delay calls a second (about 2,000 here without
+// it); the report names the delay.
+TEST(PerfSmokeTest, DispatcherJournalSyncDelayEmulatesASlowerDisk) {
+  const std::string json = Scratch("dispatcher_slow_sync.json");
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("dispatcher --no_fleet --rate_seconds 0.5 --callers 1 "
+                                      "--journal_sync_delay_us 50000 --json '", json, "'"),
+                         &out);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string text = ReadFile(json);
+  std::remove(json.c_str());
+  EXPECT_THAT(text, ::testing::HasSubstr("\"journal_sync_delay_us\": 50000"));
+  EXPECT_THAT(out, ::testing::HasSubstr("journal syncs made 50000 us longer"));
+  auto rows = Rows(text, "\"op\":\"GetSplit\",\"callers\":1,");
+  ASSERT_EQ(rows.size(), 1u) << text;
+  EXPECT_GT(Field(rows[0], "calls_per_s"), 0) << rows[0];
+  EXPECT_LE(Field(rows[0], "calls_per_s"), 20.0) << rows[0];
+  EXPECT_NE(rows[0].find("\"error\":\"\""), std::string::npos) << rows[0];
+}
+
 // The images suite on a 32-image corpus, one worker, DataLoader(num_workers=0),
 // one timed pass each: every section is reported; the torch row may be skipped (with a note)
 // where torch is not installed.
