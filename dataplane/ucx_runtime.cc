@@ -312,8 +312,8 @@ void Worker::StopForExit() {
   {
     absl::MutexLock l(&mu_);
     stop_ = true;
+    SignalPostLocked();
   }
-  post_.Signal();
   // Bounded: an exit never hangs on it (a callback blocked on a lock some
   // frozen thread holds); past it the process exits as it would have.
   if (loop_left_.WaitForNotificationWithTimeout(absl::Seconds(2)) && thread_.joinable()) {
@@ -355,8 +355,8 @@ Worker::~Worker() {
   {
     absl::MutexLock l(&mu_);
     stop_ = true;
+    SignalPostLocked();
   }
-  post_.Signal();
   if (thread_.joinable()) thread_.join();
   pass_mu_.Lock();  // a consumer's pass ends; none starts after stop_
   pass_mu_.Unlock();
@@ -372,15 +372,23 @@ thread_local const Worker* t_pass_of = nullptr;
 bool Worker::InPass() const { return t_pass_of == this; }
 
 void Worker::Post(std::function<void()> fn) {
-  bool wake = false;
-  {
-    absl::MutexLock l(&mu_);
-    if (stop_) return;
-    posted_.push_back(std::move(fn));
-    // A running pass looks at the queue, under mu_, before it ends.
-    wake = !pass_running_;
-  }
-  if (wake) post_.Signal();
+  absl::MutexLock l(&mu_);
+  if (stop_) return;
+  posted_.push_back(std::move(fn));
+  // A running pass looks at the queue, under mu_, before it ends.
+  if (!pass_running_) SignalPostLocked();
+}
+
+void Worker::SignalPostLocked() {
+  if (post_signaled_) return;  // one wake-up is enough until it is taken
+  post_signaled_ = true;
+  post_.Signal();
+}
+
+void Worker::TakePostWakeupLocked() {
+  if (!post_signaled_) return;
+  post_signaled_ = false;
+  post_.Clear();
 }
 
 void Worker::RunHereOrPost(std::function<void()> fn) {
@@ -388,8 +396,8 @@ void Worker::RunHereOrPost(std::function<void()> fn) {
   if (InPass() || busy_poll_) return Post(std::move(fn));
   if (!pass_mu_.TryLock()) return Post(std::move(fn));
   if (!BeginPass()) {
-    pass_mu_.Unlock();
-    return;  // stopped: dropped, as Post would
+    Release();  // (consumers waiting for the worker learn that it stopped)
+    return;     // stopped: dropped, as Post would
   }
   RunPosted(false);  // what was posted before it runs before it
   fn();
@@ -436,6 +444,7 @@ bool Worker::WatchSleeperFds(int op) {
 bool Worker::BeginPass(bool driven) {
   absl::MutexLock l(&mu_);
   if (stop_) return false;
+  TakePostWakeupLocked();  // what was posted, this pass runs
   pass_running_ = true;
   if (driven) ++driven_passes_;
   t_pass_of = this;
@@ -531,7 +540,7 @@ bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
     Want(wake_fd, false);
   }
   if (!BeginPass(/*driven=*/true)) {
-    pass_mu_.Unlock();
+    Release();  // stopped (consumers waiting for the worker learn it)
     return false;
   }
   bool slept = false;
@@ -548,10 +557,10 @@ bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
     slept = true;
     pollfd pfds[3] = {{efd_, POLLIN, 0}, {post_.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
     poll(pfds, wake_fd >= 0 ? 3 : 2, ms);
-    if (pfds[1].revents & POLLIN) post_.Clear();
     if (wake_fd >= 0 && (pfds[2].revents & POLLIN)) EventFd::ClearFd(wake_fd);
     {
       absl::MutexLock l(&mu_);
+      TakePostWakeupLocked();
       pass_running_ = true;
     }
     Progress(false);
@@ -567,7 +576,7 @@ void Worker::Loop() {
   while (true) {
     pass_mu_.Lock();
     if (!BeginPass()) {
-      pass_mu_.Unlock();
+      Release();  // stopped (consumers waiting for the worker learn it)
       break;
     }
     bool ticks = true;
@@ -581,11 +590,11 @@ void Worker::Loop() {
     if (busy_poll_) continue;
     // Bounded: Post and stop wake it anyway; the ticks run at least this
     // often.
+    // Woken by post_, it leaves the wake-up for the pass it begins next
+    // (BeginPass takes it), or for a consumer that holds the worker
+    // meanwhile and sleeps on post_ itself (Drive).
     epoll_event events[2];
     const int ready = epoll_wait(epfd_, events, 2, 100);
-    for (int i = 0; i < ready; ++i) {
-      if (events[i].data.fd == post_.fd()) post_.Clear();
-    }
     absl::MutexLock l(&mu_);
     // The sleep ran out with work posted meanwhile and no pass to run it: a
     // Post that did not wake it (never expected; counted for the tests).

@@ -212,6 +212,14 @@ class Worker final {
   // A pass runs and will look at posted_ before it ends (else Post wakes
   // the sleeper).
   bool pass_running_ ABSL_GUARDED_BY(mu_) = false;
+  // post_ holds a wake-up (written, not yet read). Written and read only
+  // under mu_, and read only by the thread holding the worker, when its
+  // pass begins or its sleep ends (TakePostWakeupLocked): a sleeper woken
+  // by post_ that finds the worker taken leaves it to the holder, so no
+  // thread reads away a wake-up meant for the holder's own sleep.
+  bool post_signaled_ ABSL_GUARDED_BY(mu_) = false;
+  void SignalPostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakePostWakeupLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t missed_wakeups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t driven_passes_ ABSL_GUARDED_BY(mu_) = 0;
   // Wake fds of consumers in Drive waiting for the worker to be let go.
