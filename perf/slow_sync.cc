@@ -30,29 +30,27 @@ void Pause() {
   }
 }
 
-template <typename Fn>
-Fn Next(const char* name) {
-  return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
+using SyncFn = int (*)(int);
+
+SyncFn Next(const char* name) { return reinterpret_cast<SyncFn>(dlsym(RTLD_NEXT, name)); }
+
+// The real sync, then the delay; errno as the real sync left it.
+int SyncThenPause(SyncFn real, int fd) {
+  const int r = real(fd);
+  const int err = errno;
+  Pause();
+  errno = err;
+  return r;
 }
 
 }  // namespace
 
 extern "C" int fdatasync(int fd) {
-  static const auto real = Next<int (*)(int)>("fdatasync");
-  const int saved = errno;
-  const int r = real(fd);
-  const int err = errno;
-  Pause();
-  errno = r == 0 ? saved : err;
-  return r;
+  static const SyncFn real = Next("fdatasync");
+  return SyncThenPause(real, fd);
 }
 
 extern "C" int fsync(int fd) {
-  static const auto real = Next<int (*)(int)>("fsync");
-  const int saved = errno;
-  const int r = real(fd);
-  const int err = errno;
-  Pause();
-  errno = r == 0 ? saved : err;
-  return r;
+  static const SyncFn real = Next("fsync");
+  return SyncThenPause(real, fd);
 }
