@@ -32,7 +32,7 @@ class Committer {
     status_ = c_.Open(dir_.path(), FsyncPolicy::kEveryRecord, 0);
   }
 
-  absl::Mutex& mu() { return mu_; }
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   JournalCommitter& c() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return c_; }
   const absl::Status& open_status() const { return status_; }
 
