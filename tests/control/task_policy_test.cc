@@ -218,5 +218,77 @@ TEST_F(TaskPolicyTest, LivenessExpiresSilentWorkersAndClientsAndCollectsIdleIter
   EXPECT_EQ(rec.updates(0).collect_iteration().iteration_id(), 3);
 }
 
+// Long polls that all reach the dispatcher late (a backlog of calls)
+// extend the timeouts by that lateness, up to twice the timeout; a caller
+// late on its own does not; plain heartbeats (wait_ms 0, sent on the
+// caller's own schedule) are no samples.
+TEST_F(TaskPolicyTest, LivenessAllowsForHowLateLongPollsReachTheDispatcher) {
+  Basic();
+  Apply("register_worker { address: 'c:1' index: 2 host_id: 'h3' }");
+  Apply("create_client { client_id: 4 iteration_id: 3 consumer_index: -1 }");
+  const absl::Time t0 = now_;
+  auto expire = [&](absl::Time at) {
+    proto::JournalRecord rec;
+    std::vector<std::string> lost;
+    liveness_.Expire(state_, at, 10000, 10000, &rec, &lost);
+    std::vector<std::string> out;
+    for (const auto& u : rec.updates()) {
+      out.push_back(u.has_remove_worker() ? u.remove_worker().address()
+                                          : "client " + std::to_string(u.remove_client().client_id()));
+    }
+    for (const std::string& line : lost) out.push_back(line);
+    return out;
+  };
+  // Plain heartbeats 8 s apart say nothing of the dispatcher.
+  liveness_.WorkerArrived("b:1", t0 + absl::Seconds(8), /*long_poll=*/false);
+  EXPECT_EQ(liveness_.Lag(t0 + absl::Seconds(8), absl::Seconds(10)), absl::ZeroDuration());
+  // b:1's and c:1's and the client's long polls reach it 8-9 s after their
+  // last replies: that is how late calls get in.
+  liveness_.WorkerArrived("c:1", t0 + absl::Seconds(8), /*long_poll=*/true);
+  liveness_.ClientArrived(4, t0 + absl::Seconds(9), /*long_poll=*/true);
+  liveness_.WorkerArrived("b:1", t0 + absl::Seconds(17), /*long_poll=*/true);  // 9 s after
+  EXPECT_EQ(liveness_.Lag(t0 + absl::Seconds(17), absl::Seconds(10)), absl::Seconds(9));
+  // a:1, silent 17.5 s, is within 10 s + 9 s.
+  EXPECT_THAT(expire(t0 + absl::Milliseconds(17500)), ::testing::IsEmpty());
+  // ... and lost past it; the log says why it was allowed more.
+  auto out = expire(t0 + absl::Milliseconds(19500));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0], "a:1");
+  EXPECT_THAT(out[1], ::testing::HasSubstr("no heartbeat for 19500 ms"));
+  EXPECT_THAT(out[1], ::testing::HasSubstr("allowing 9000 ms more"));
+  // The samples age out after a timeout: the dispatcher caught up.
+  EXPECT_EQ(liveness_.Lag(t0 + absl::Seconds(28), absl::Seconds(10)), absl::ZeroDuration());
+  // At most twice the timeout more: a dead caller is still removed.
+  for (int i = 0; i < 5; ++i) {
+    liveness_.WorkerArrived("b:1", t0 + absl::Seconds(100 + 60 * i), /*long_poll=*/true);
+  }
+  liveness_.WorkerArrived("c:1", t0 + absl::Seconds(340), /*long_poll=*/true);
+  EXPECT_GE(liveness_.Lag(t0 + absl::Seconds(340), absl::Seconds(10)), absl::Seconds(60));
+  out = expire(t0 + absl::Seconds(340));
+  EXPECT_THAT(out, ::testing::Contains("a:1"));
+  EXPECT_THAT(out, ::testing::Contains(::testing::HasSubstr("allowing 20000 ms more")));
+  EXPECT_THAT(out, ::testing::Contains("client 4"));  // silent 331 s > 10 s + 20 s
+}
+
+// One caller late on its own (its host is busy) moves no median: the
+// others' timeouts stay as they are.
+TEST_F(TaskPolicyTest, LivenessIsNotExtendedByOneLateCaller) {
+  Basic();
+  Apply("register_worker { address: 'c:1' index: 2 host_id: 'h3' }");
+  const absl::Time t0 = now_;
+  liveness_.WorkerArrived("b:1", t0 + absl::Seconds(8), /*long_poll=*/true);  // 8 s late
+  for (int i = 1; i <= 4; ++i) {
+    liveness_.WorkerArrived("c:1", t0 + absl::Milliseconds(8000 + 10 * i), /*long_poll=*/true);
+  }
+  EXPECT_LE(liveness_.Lag(t0 + absl::Seconds(11), absl::Seconds(10)), absl::Milliseconds(10));
+  proto::JournalRecord rec;
+  std::vector<std::string> lost;
+  liveness_.Expire(state_, t0 + absl::Milliseconds(10100), 10000, 60000, &rec, &lost);
+  ASSERT_EQ(rec.updates_size(), 1);
+  EXPECT_EQ(rec.updates(0).remove_worker().address(), "a:1");
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_THAT(lost[0], ::testing::Not(::testing::HasSubstr("allowing")));
+}
+
 }  // namespace
 }  // namespace sluice::internal
