@@ -295,6 +295,7 @@ struct SimWorker {
   std::set<int64_t> known ABSL_GUARDED_BY(mu);
   size_t next ABSL_GUARDED_BY(mu) = 0;
   bool registered ABSL_GUARDED_BY(mu) = false;
+  bool fetching ABSL_GUARDED_BY(mu) = false;  // a GetSplit fetch is in flight
 };
 
 struct SimConsumer {
@@ -521,7 +522,10 @@ void Fleet::FetchSplit(SimWorker* w) {
   int64_t task = 0;
   {
     absl::MutexLock l(&w->mu);
-    if (w->tasks.empty()) return;
+    // One fetch in flight: a fetch not back by the next period skips it
+    // (a dispatcher that falls behind gets no more calls than it answers).
+    if (w->tasks.empty() || w->fetching) return;
+    w->fetching = true;
     task = w->tasks[w->next++ % w->tasks.size()];
   }
   proto::GetSplitRequest req;
@@ -534,6 +538,10 @@ void Fleet::FetchSplit(SimWorker* w) {
       std::move(req), absl::Seconds(30),
       [this, w, task](const grpc::Status& s, const proto::GetSplitRequest&,
                       const proto::GetSplitResponse& r, double ms) {
+        {
+          absl::MutexLock l(&w->mu);
+          w->fetching = false;
+        }
         if (!s.ok()) return Failed(s, "GetSplit");
         if (!r.has_split()) return;
         splits_++;
@@ -948,10 +956,12 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
                          static_cast<long long>(fleet.errors() - e0));
           }
           const double secs = MsSince(m0) / 1000;
+          // (Before ReadUsage: its metrics request waits for the dispatcher,
+          // seconds when it is overloaded, while the simulator runs on.)
+          fr.sim_cpu_cores = (SelfCpuSeconds() - sim0) / secs;
           const Usage u1 = ReadUsage(*d);
           fr.seconds = secs;
           fr.cpu_cores = (u1.cpu_s - u0.cpu_s) / secs;
-          fr.sim_cpu_cores = (SelfCpuSeconds() - sim0) / secs;
           fr.rss = ProcRss(absl::StrCat(d->child->pid())).value_or(0);
           fr.peak_rss = ProcPeakRss(absl::StrCat(d->child->pid())).value_or(0);
           fr.journal_bytes_per_s = static_cast<double>(u1.write_bytes - u0.write_bytes) / secs;
