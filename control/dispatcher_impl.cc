@@ -357,7 +357,7 @@ absl::Status DispatcherImpl::WorkerHeartbeatBeginLocked(const proto::WorkerHeart
     }
   }
   const Worker& w = state_.workers().at(addr);
-  liveness_.WorkerArrived(addr, clock_(), /*long_poll=*/req.wait_ms() > 0 && !registration);
+  liveness_.HeardWorker(addr, clock_());
   // Tasks whose output was read, and reconciliation: tasks this worker
   // should hold but does not (it restarted) are lost and created again;
   // tasks it holds that we no longer know are deleted.
@@ -559,7 +559,7 @@ DispatcherImpl::PollFn DispatcherImpl::ClientHeartbeatPoll(const proto::ClientHe
         return absl::NotFoundError(absl::StrCat("iteration client ", req.iteration_client_id(),
                                                 " is unknown (released or timed out)"));
       }
-      liveness_.ClientArrived(cit->first, clock_(), /*long_poll=*/req.wait_ms() > 0);
+      liveness_.HeardClient(cit->first, clock_());
       iteration_id = cit->second.iteration_id;
       proto::JournalRecord reported;
       SLUICE_RETURN_IF_ERROR(SplitProvider::ClientReport(

@@ -1,7 +1,6 @@
 #include "sluice/control/liveness.h"
 
 #include <algorithm>
-#include <cstddef>
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
@@ -55,55 +54,12 @@ void Liveness::Restart(const DispatcherState& state, absl::Time now) {
   for (const auto& [id, c] : state.clients()) clients_[id] = now;
 }
 
-void Liveness::Sample(absl::Duration late, absl::Time now) {
-  late = std::max(late, absl::ZeroDuration());
-  if (lag_samples_.size() < kLagSamples) {
-    lag_samples_.emplace_back(now, late);
-  } else {
-    lag_samples_[next_sample_] = {now, late};
-    next_sample_ = (next_sample_ + 1) % kLagSamples;
-  }
-}
-
-void Liveness::WorkerArrived(const std::string& address, absl::Time now, bool long_poll) {
-  auto found = workers_.find(address);
-  if (long_poll && found != workers_.end()) Sample(now - found->second, now);
-  workers_[address] = now;
-}
-
-void Liveness::ClientArrived(int64_t id, absl::Time now, bool long_poll) {
-  auto found = clients_.find(id);
-  if (long_poll && found != clients_.end()) Sample(now - found->second, now);
-  clients_[id] = now;
-}
-
-absl::Duration Liveness::Lag(absl::Time now, absl::Duration window) const {
-  std::vector<absl::Duration> recent;
-  for (const auto& [at, late] : lag_samples_) {
-    if (now - at <= window) recent.push_back(late);
-  }
-  if (recent.empty()) return absl::ZeroDuration();
-  auto mid = recent.begin() + static_cast<std::ptrdiff_t>((recent.size() - 1) / 2);
-  std::nth_element(recent.begin(), mid, recent.end());
-  return *mid;
-}
-
 void Liveness::Expire(const DispatcherState& state, absl::Time now, int64_t worker_timeout_ms,
                       int64_t client_timeout_ms, proto::JournalRecord* rec,
                       std::vector<std::string>* lost) const {
-  const absl::Duration lag = Lag(now, absl::Milliseconds(worker_timeout_ms));
-  // The time allowed beyond a timeout, and what the logs say of it (once
-  // the dispatcher has fallen behind enough to matter).
-  auto extra = [lag](int64_t timeout_ms) { return std::min(lag, 2 * absl::Milliseconds(timeout_ms)); };
-  auto said = [](absl::Duration more) {
-    return more >= absl::Seconds(1)
-               ? absl::StrCat(", allowing ", absl::ToInt64Milliseconds(more),
-                              " ms more: heartbeats reach the dispatcher that late lately")
-               : std::string();
-  };
   for (const auto& [addr, w] : state.workers()) {
     const absl::Duration silent = WorkerSilence(addr, now);
-    if (silent <= absl::Milliseconds(worker_timeout_ms) + extra(worker_timeout_ms)) continue;
+    if (silent <= absl::Milliseconds(worker_timeout_ms)) continue;
     rec->add_updates()->mutable_remove_worker()->set_address(addr);
     int64_t unfinished = 0;
     for (int64_t id : w.tasks) {
@@ -112,13 +68,13 @@ void Liveness::Expire(const DispatcherState& state, absl::Time now, int64_t work
     }
     lost->push_back(absl::StrCat("dispatcher: worker ", addr, " lost: no heartbeat for ",
                                  absl::ToInt64Milliseconds(silent), " ms (worker_timeout_ms=",
-                                 worker_timeout_ms, said(extra(worker_timeout_ms)), "); ", unfinished,
+                                 worker_timeout_ms, "); ", unfinished,
                                  " unfinished task(s) lost"));
   }
   for (const auto& [id, c] : state.clients()) {
-    if (ClientSilence(id, now) > absl::Milliseconds(client_timeout_ms) + extra(client_timeout_ms)) {
-      spdlog::warn("dispatcher: iteration client {} timed out after {} ms{}; releasing it", id,
-                   client_timeout_ms, said(extra(client_timeout_ms)));
+    if (ClientSilence(id, now) > absl::Milliseconds(client_timeout_ms)) {
+      spdlog::warn("dispatcher: iteration client {} timed out after {} ms; releasing it", id,
+                   client_timeout_ms);
       rec->add_updates()->mutable_remove_client()->set_client_id(id);
     }
   }

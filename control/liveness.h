@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -32,30 +31,11 @@ class Liveness {
   void Restart(const DispatcherState& state, absl::Time now);
   void HeardWorker(const std::string& address, absl::Time now) { workers_[address] = now; }
   void HeardClient(int64_t id, absl::Time now) { clients_[id] = now; }
-  // A heartbeat of a worker (a client) arrived at `now`: heard. The sender
-  // of a long poll (`long_poll`: wait_ms > 0, from a worker or client
-  // heard before) sent it as soon as the reply that ended its last poll
-  // came, so the time since it was last heard is how late calls reach the
-  // dispatcher: kept as a sample of Lag.
-  void WorkerArrived(const std::string& address, absl::Time now, bool long_poll);
-  void ClientArrived(int64_t id, absl::Time now, bool long_poll);
-  // How late heartbeats have reached the dispatcher lately: the median of
-  // the last kLagSamples samples taken within `window` before `now` (zero
-  // when none). Near zero while the dispatcher keeps up; when a backlog of
-  // calls waits for its threads or its lock (a fleet registering at once,
-  // a long stall), every heartbeat arrives that late, the silence is the
-  // dispatcher's, and Expire allows for it. One slow caller does not move
-  // a median.
-  absl::Duration Lag(absl::Time now, absl::Duration window) const;
-  static constexpr int kLagSamples = 63;
 
   // Tick's decisions. RemoveWorker for each worker of `state` silent for
   // longer than worker_timeout_ms (and in `lost` a line to log once it is
   // removed), RemoveClient for each client silent for longer than
-  // client_timeout_ms, to `rec`. Each timeout is extended by Lag (over the
-  // last worker_timeout_ms), up to twice the timeout: under a backlog a
-  // caller is not blamed for the dispatcher's lateness, and a dead one is
-  // still removed within three timeouts.
+  // client_timeout_ms, to `rec`.
   void Expire(const DispatcherState& state, absl::Time now, int64_t worker_timeout_ms,
               int64_t client_timeout_ms, proto::JournalRecord* rec,
               std::vector<std::string>* lost) const;
@@ -77,10 +57,6 @@ class Liveness {
   std::map<std::string, absl::Time> workers_;  // last heartbeat
   std::map<int64_t, absl::Time> clients_;      // last heartbeat
   std::map<int64_t, absl::Time> idle_since_;   // iterations without clients
-  // Lag's samples: (taken at, lateness), a ring of the last kLagSamples.
-  void Sample(absl::Duration late, absl::Time now);
-  std::vector<std::pair<absl::Time, absl::Duration>> lag_samples_;
-  size_t next_sample_ = 0;
 };
 
 }  // namespace sluice::internal
