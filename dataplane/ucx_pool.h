@@ -252,5 +252,8 @@ int64_t WorkerZeroCopyPayloads();
 int64_t WorkerBatchedReplies();
 // UCX replies that failed to send (at once or in their completion).
 int64_t WorkerUcxSendErrors();
+// Of those, rendezvous sends whose memory was held for a grace period
+// because the client may still read it (send_quarantine.h).
+int64_t WorkerUcxSendsQuarantined();
 
 }  // namespace sluice::internal

@@ -23,6 +23,7 @@
 #include "sluice/dataplane/ucx_pool.h"
 #include "sluice/dataplane/ucx_protocol.h"
 #include "sluice/dataplane/ucx_runtime.h"
+#include "sluice/dataplane/send_quarantine.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice::internal {
@@ -40,12 +41,19 @@ std::atomic<int64_t> g_zero_copy_payloads{0};
 std::atomic<int64_t> g_batched_replies{0};
 std::atomic<int64_t> g_send_errors{0};
 size_t SendPoolBytes() { return size_t{512} << 20; }
+// Failed rendezvous sends' memory, held for the peers that may still read
+// it (send_quarantine.h); released by the servers' tick and by later holds.
+SendQuarantine& Quarantine() {
+  static SendQuarantine* q = new SendQuarantine();
+  return *q;
+}
 }  // namespace
 
 int64_t WorkerFramesRegistered() { return g_registered_frames.load(); }
 int64_t WorkerZeroCopyPayloads() { return g_zero_copy_payloads.load(); }
 int64_t WorkerBatchedReplies() { return g_batched_replies.load(); }
 int64_t WorkerUcxSendErrors() { return g_send_errors.load(); }
+int64_t WorkerUcxSendsQuarantined() { return Quarantine().total_held(); }
 
 std::atomic<int64_t>& ArenasVerified() {
   static std::atomic<int64_t> v{0};
@@ -137,8 +145,13 @@ void SendReply(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                    UCP_OP_ATTR_FIELD_FLAGS;
   p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-    if (status != UCS_OK) g_send_errors++;
-    delete static_cast<std::shared_ptr<Outgoing>*>(user_data);
+    std::unique_ptr<std::shared_ptr<Outgoing>> out(static_cast<std::shared_ptr<Outgoing>*>(user_data));
+    if (status != UCS_OK) {
+      g_send_errors++;
+      // Offered by rendezvous and failed: the client may still read it.
+      const size_t bytes = (*out)->eager ? 0 : (*out)->size;
+      if (bytes > 0) Quarantine().Hold(std::move(*out), bytes, absl::Now());
+    }
     ucp_request_free(request);
   };
   p.user_data = holder;
@@ -499,6 +512,7 @@ absl::StatusOr<std::unique_ptr<UcxElementServer>> UcxElementServer::Start(
       raw->worker->AddTick([] {
         auto& stopped = Registry().stopped;
         const absl::Time now = absl::Now();
+        Quarantine().ReleaseDue(now);
         for (auto it = stopped.begin(); it != stopped.end();) {
           if (now - (*it)->stopped_at < kListenerGrace) {
             ++it;
