@@ -217,13 +217,26 @@ struct UcxElementServer::Impl {
   ucp_listener_h listener = nullptr;
   std::unique_ptr<ListenerSlot> slot;  // the listener's handler argument
   std::string address;
-  std::set<ucp_ep_h> eps;  // in a UCX pass only
+  // Accepted endpoints and the number of the connection each carries, in a
+  // UCX pass only. A reply goes out only on the connection its request came
+  // on: UCX recycles endpoint handles, so a handle alone may by then name a
+  // later client's connection (whose request ids are its own).
+  std::map<ucp_ep_h, uint64_t> eps;
+  uint64_t next_connection = 1;
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    uint64_t connection = 0;  // 0: none (the endpoint was gone)
+  };
+  Peer PeerOf(ucp_ep_h ep) const {
+    auto it = eps.find(ep);
+    return {ep, it == eps.end() ? 0 : it->second};
+  }
 
   std::string auth_token;  // empty: no auth
   std::atomic<int64_t> refusals{0}, serve_errors{0}, bytes_copied{0};
 
   struct Job {
-    ucp_ep_h ep;
+    Peer peer;
     ElementRequest request;
     uint64_t request_id;
     absl::Status refusal;  // not OK: answer with this error, do not serve
@@ -253,7 +266,7 @@ struct UcxElementServer::Impl {
     Impl* self = slot->owner;
     ucp_ep_h ep = Accept(self->worker->handle(), req, &Impl::OnEpError, self);
     if (ep == nullptr) return;
-    self->eps.insert(ep);
+    self->eps[ep] = self->next_connection++;
     Registry().owner[ep] = self;
   }
 
@@ -269,7 +282,7 @@ struct UcxElementServer::Impl {
       spdlog::warn("worker ucx {}: refused a request: {}", address, std::string(error.message()));
     }
     Job job{};
-    job.ep = ep;
+    job.peer = PeerOf(ep);
     job.request_id = request_id;
     job.refusal = std::move(error);
     Enqueue(std::move(job));
@@ -337,7 +350,7 @@ struct UcxElementServer::Impl {
       }
     }
     Job job;
-    job.ep = param->reply_ep;
+    job.peer = self->PeerOf(param->reply_ep);
     job.request_id = h.request_id;
     job.request.task_id = h.task_id;
     job.request.consumer_index = h.consumer_index;
@@ -380,9 +393,11 @@ struct UcxElementServer::Impl {
       auto r = job.refusal.ok() ? source(job.request)
                                 : absl::StatusOr<ServedBatch>(job.refusal);
       if (!r.ok() && job.refusal.ok() && !absl::IsCancelled(r.status())) serve_errors++;
-      ucp_ep_h ep = job.ep;
+      const Peer peer = job.peer;
       if (!r.ok()) {
-        worker->Post([this, ep, out = ErrorReply(job.request_id, r.status())] { Send(ep, out); });
+        worker->Post([this, peer, out = ErrorReply(job.request_id, r.status())] {
+          Send(peer, out);
+        });
         continue;
       }
       auto out = std::make_shared<Outgoing>();
@@ -422,7 +437,7 @@ struct UcxElementServer::Impl {
       } else {
         absl::Status s = PackBatch(r->frames, out.get());
         if (!s.ok()) {
-          worker->Post([this, ep, err = ErrorReply(job.request_id, s)] { Send(ep, err); });
+          worker->Post([this, peer, err = ErrorReply(job.request_id, s)] { Send(peer, err); });
           continue;
         }
         h.flags = ucx::kReplyBatch | (r->resent ? ucx::kReplyResent : 0);
@@ -432,7 +447,7 @@ struct UcxElementServer::Impl {
       h.inline_len = static_cast<uint32_t>(out->reply.size() - sizeof(h));
       h.data_size = out->size;
       std::memcpy(out->reply.data(), &h, sizeof(h));
-      worker->Post([this, ep, out] { Send(ep, out); });
+      worker->Post([this, peer, out] { Send(peer, out); });
     }
   }
 
@@ -469,9 +484,10 @@ struct UcxElementServer::Impl {
   }
 
   // In a UCX pass.
-  void Send(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
-    if (!eps.count(ep)) return;  // the client disconnected meanwhile
-    SendReply(ep, std::move(out));
+  void Send(const Peer& peer, std::shared_ptr<Outgoing> out) {
+    // The client disconnected meanwhile (its handle may be another's now).
+    if (peer.connection == 0 || PeerOf(peer.ep).connection != peer.connection) return;
+    SendReply(peer.ep, std::move(out));
   }
 };
 
@@ -589,7 +605,7 @@ void UcxElementServer::Stop() {
   // After the serving threads joined, so every reply they posted runs
   // before this (Post is FIFO) and none runs after Impl is gone.
   raw->worker->Run([raw] {
-    for (ucp_ep_h ep : raw->eps) {
+    for (const auto& [ep, connection] : raw->eps) {
       Registry().owner.erase(ep);
       ucx::CloseEndpointForce(ep);
     }

@@ -21,6 +21,7 @@
 #include <limits>
 #include <deque>
 #include <map>
+#include <random>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -646,7 +647,10 @@ class UcxClient {
   std::shared_ptr<ucx::Worker> worker_;  // the process's (ucx::Worker::Shared)
   // In a UCX pass only (ucx_runtime.h):
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // registered requests
-  uint64_t next_id_ = 1;
+  // Starts at random: a worker that sent a reply on a recycled endpoint
+  // handle, or any stray reply, finds no request of this process with its
+  // id rather than another client's request with the same number.
+  uint64_t next_id_ = (uint64_t{std::random_device{}()} << 32 | std::random_device{}()) >> 1;
   std::map<std::string, Cached> endpoints_;
   std::deque<std::function<void()>> deferred_;  // held back at the pool's cap
   absl::Time last_tick_ = absl::InfinitePast();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <set>
 #include <thread>
@@ -555,6 +556,19 @@ TEST(UcxMemoryTest, LargeRegisteredBuffersAreAlignedAndAdvisedForHugePages) {
 // A request of another protocol version (here version 3, whose header was
 // 64 bytes) gets an explicit error reply naming both versions; it is
 // never served (nor misread as the current layout).
+// Sends a request header as a bare UCX client would (in a pass of the
+// endpoint's worker); `header` must outlive the send.
+absl::Status SendRawRequest(ucp_ep_h ep, const void* header, size_t size) {
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
+  rp.flags = UCP_AM_SEND_FLAG_REPLY;
+  rp.cb.send = [](void* req, ucs_status_t, void*) { ucp_request_free(req); };
+  ucs_status_ptr_t st =
+      ucp_am_send_nbx(ep, internal::ucx::kGetElementAm, header, size, nullptr, 0, &rp);
+  if (UCS_PTR_IS_ERR(st)) return internal::ucx::UcsError(UCS_PTR_STATUS(st), "ucp_am_send_nbx");
+  return absl::OkStatus();
+}
+
 TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
   std::atomic<int> served{0};
   auto server = StartServer([&](const ElementRequest&) {
@@ -606,13 +620,7 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
       return;
     }
     ep = *connected;
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = UCP_AM_SEND_FLAG_REPLY;
-    rp.cb.send = [](void* req, ucs_status_t, void*) { ucp_request_free(req); };
-    ucs_status_ptr_t st = ucp_am_send_nbx(ep, ucx::kGetElementAm, &old, sizeof(old), nullptr, 0,
-                                          &rp);  // `old` outlives the send: we wait for the reply
-    if (UCS_PTR_IS_ERR(st)) status = ucx::UcsError(UCS_PTR_STATUS(st), "ucp_am_send_nbx");
+    status = SendRawRequest(ep, &old, sizeof(old));  // `old` outlives it: we wait for the reply
   });
   ASSERT_OK(status);
   {
@@ -630,6 +638,91 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
   }
   EXPECT_EQ(served.load(), 0);
   worker->Run([&] { ucx::CloseEndpointForce(ep); });
+}
+
+// A reply goes out only on the connection its request came on. A client
+// that disconnects while its request is served frees its endpoint on the
+// worker, and UCX hands the same handle to the next connection; the reply
+// must not go to that later client, whose request ids are its own (another
+// process numbers its requests independently: a reply with its number would
+// be taken as the answer to its own request).
+TEST(UcxProtocolTest, AReplyNeverReachesALaterConnectionOnARecycledEndpoint) {
+  constexpr int64_t kSlowTask = 1, kFastTask = 2;
+  auto server = StartServer([](const ElementRequest& r) {
+    if (r.task_id == kSlowTask) absl::SleepFor(absl::Milliseconds(300));
+    ServedBatch b;
+    b.not_ready = true;
+    return absl::StatusOr<ServedBatch>(std::move(b));
+  });
+  ASSERT_OK(server);
+  namespace ucx = internal::ucx;
+  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
+  ASSERT_OK_AND_ASSIGN(auto worker, ucx::Worker::Create(ctx, /*busy_poll=*/false));
+  struct Replies {
+    absl::Mutex mu;
+    std::set<uint64_t> ids ABSL_GUARDED_BY(mu);
+  } replies;
+  absl::Status status;
+  worker->Run([&] {
+    status = ucx::SetAmHandler(
+        worker->handle(), ucx::kElementAm,
+        [](void* arg, const void* header, size_t header_length, void*, size_t,
+           const ucp_am_recv_param_t*) -> ucs_status_t {
+          auto* r = static_cast<Replies*>(arg);
+          ucx::ReplyHeader h;
+          if (header_length < sizeof(h)) return UCS_OK;
+          std::memcpy(&h, header, sizeof(h));
+          absl::MutexLock l(&r->mu);
+          r->ids.insert(h.request_id);
+          return UCS_OK;
+        },
+        &replies);
+  });
+  ASSERT_OK(status);
+  // Connects and sends one request (in the worker's pass).
+  std::deque<ucx::RequestHeader> headers;  // outlive their sends
+  auto connect_and_ask = [&](uint64_t id, int64_t task) -> absl::StatusOr<ucp_ep_h> {
+    absl::StatusOr<ucp_ep_h> ep;
+    worker->Run([&] {
+      ep = ucx::ConnectEndpoint(worker->handle(), (*server)->address(),
+                                [](void*, ucp_ep_h, ucs_status_t) {}, nullptr);
+      if (!ep.ok()) return;
+      ucx::RequestHeader& h = headers.emplace_back();
+      h.magic = ucx::kRequestMagic;
+      h.version = ucx::kProtocolVersion;
+      h.request_id = id;
+      h.task_id = task;
+      h.consumer_index = -1;
+      h.round = -1;
+      h.max_elements = 1;
+      h.max_outstanding = 1;
+      h.delivered_seq = -1;
+      absl::Status sent = SendRawRequest(*ep, &h, sizeof(h));
+      if (!sent.ok()) ep = sent;
+    });
+    return ep;
+  };
+  auto got = [&](uint64_t id) {
+    absl::MutexLock l(&replies.mu);
+    return replies.ids.count(id) > 0;
+  };
+  for (uint64_t round = 0; round < 6; ++round) {
+    const uint64_t first = 1000 + 2 * round, second = first + 1;
+    // The first client asks for the slow task and goes away meanwhile.
+    ASSERT_OK_AND_ASSIGN(ucp_ep_h gone, connect_and_ask(first, kSlowTask));
+    absl::SleepFor(absl::Milliseconds(50));
+    worker->Run([&] { ucx::CloseEndpointForce(gone); });
+    absl::SleepFor(absl::Milliseconds(100));
+    // The next connection (often on the freed handle) asks for the fast one.
+    ASSERT_OK_AND_ASSIGN(ucp_ep_h next, connect_and_ask(second, kFastTask));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!got(second) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_TRUE(got(second)) << "round " << round;
+    absl::SleepFor(absl::Milliseconds(400));  // the slow reply is ready by now
+    EXPECT_FALSE(got(first)) << "round " << round
+                             << ": the reply to a closed connection's request reached the next";
+    worker->Run([&] { ucx::CloseEndpointForce(next); });
+  }
 }
 
 // A worker answers every request within its wait; a connection that left
