@@ -145,7 +145,8 @@ void SendReply(ucp_ep_h ep, std::shared_ptr<Outgoing> out) {
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                    UCP_OP_ATTR_FIELD_FLAGS;
   p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-    std::unique_ptr<std::shared_ptr<Outgoing>> out(static_cast<std::shared_ptr<Outgoing>*>(user_data));
+    std::unique_ptr<std::shared_ptr<Outgoing>> out(
+        static_cast<std::shared_ptr<Outgoing>*>(user_data));
     if (status != UCS_OK) {
       g_send_errors++;
       // Offered by rendezvous and failed: the client may still read it.

@@ -262,7 +262,8 @@ void Churn(absl::Duration duration) {
                              "element(s) in the reply, first bad byte at %lld\n",
                              static_cast<long long>(kind), size, e[0].byte_size(),
                              res->elements.size(),
-                             static_cast<long long>(FirstBadByte(e[0], static_cast<uint8_t>(size))));
+                             static_cast<long long>(
+                                 FirstBadByte(e[0], static_cast<uint8_t>(size))));
               }
             }
           }
