@@ -11,6 +11,7 @@
 // crashed the client (docs/dataplane.md, "UCX 1.13"). The process must
 // survive it and every element that arrives must be intact. $SLUICE_UCX_STRESS_SECONDS sets the duration
 // (default 8); the figures are printed for the record.
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +24,6 @@
 #include <deque>
 #include <random>
 #include <thread>
-
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -155,14 +155,23 @@ absl::Status StartInto(Slot& slot) {
 // Freezes this process (SIGSTOP, then SIGCONT) now and then from a forked
 // child while it lives, as a loaded machine's scheduler does: replies are
 // left half-read when their servers stop, and endpoints fail with
-// rendezvous sends in flight. The child only sleeps and signals
-// (async-signal-safe after a fork of a threaded process).
+// rendezvous sends in flight. The child only sleeps, signals and polls
+// (async-signal-safe after a fork of a threaded process), and leaves only
+// right after a SIGCONT, once the parent closed its pipe: killing it could
+// leave the parent stopped for good.
 class Freezer {
  public:
   Freezer() {
+    int fds[2];
+    if (pipe(fds) != 0) return;
     const pid_t parent = getpid();
     child_ = fork();
-    if (child_ != 0) return;
+    if (child_ != 0) {
+      close(fds[0]);
+      done_fd_ = fds[1];
+      return;
+    }
+    close(fds[1]);
     uint32_t r = 12345;
     auto next = [&r](uint32_t mod) {
       r = r * 1103515245u + 12345u;
@@ -175,12 +184,13 @@ class Freezer {
       const timespec frozen{0, static_cast<long>(50 + next(200)) * 1000000L};
       nanosleep(&frozen, nullptr);
       kill(parent, SIGCONT);
-      if (getppid() != parent) _exit(0);
+      pollfd done{fds[0], POLLIN, 0};
+      if (poll(&done, 1, 0) != 0 || getppid() != parent) _exit(0);  // closed (or gone)
     }
   }
   ~Freezer() {
     if (child_ <= 0) return;
-    kill(child_, SIGKILL);
+    close(done_fd_);
     waitpid(child_, nullptr, 0);
   }
   Freezer(const Freezer&) = delete;
@@ -188,6 +198,7 @@ class Freezer {
 
  private:
   pid_t child_ = -1;
+  int done_fd_ = -1;
 };
 
 absl::Duration StressDuration() {
