@@ -8,6 +8,8 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "sluice/dataplane/ucx_protocol.h"
 #include "sluice/core/event_fd.h"
 #include "sluice/dataplane/ucx_runtime.h"
+#include "sluice/core/status.h"
 #include "sluice/dataplane/ucx_server.h"
 #include "tests/huge_pages_util.h"
 #include "tests/test_util.h"
@@ -569,6 +572,61 @@ absl::Status SendRawRequest(ucp_ep_h ep, const void* header, size_t size) {
   return absl::OkStatus();
 }
 
+// A bare UCX client: a worker of its own (no sluice client) that keeps
+// each reply's header and the bytes after it, by request id.
+class BareClient {
+ public:
+  struct Reply {
+    internal::ucx::ReplyHeader header;
+    std::string text;
+  };
+  static absl::StatusOr<std::unique_ptr<BareClient>> Create() {
+    SLUICE_ASSIGN_OR_RETURN(auto ctx, internal::ucx::Context::Get());
+    SLUICE_ASSIGN_OR_RETURN(auto worker, internal::ucx::Worker::Create(ctx, /*busy_poll=*/false));
+    auto client = std::unique_ptr<BareClient>(new BareClient(std::move(worker)));
+    absl::Status status;
+    BareClient* raw = client.get();
+    raw->worker_->Run([&] {
+      status = internal::ucx::SetAmHandler(raw->worker_->handle(), internal::ucx::kElementAm,
+                                           &BareClient::OnReply, raw);
+    });
+    if (!status.ok()) return status;
+    return client;
+  }
+  internal::ucx::Worker* worker() const { return worker_.get(); }
+  // The reply to request `id`, once it came (nullopt after `timeout`).
+  std::optional<Reply> Await(uint64_t id, absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    auto came = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return replies_.count(id) > 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&came), timeout)) return std::nullopt;
+    return replies_.at(id);
+  }
+  bool Got(uint64_t id) {
+    absl::MutexLock l(&mu_);
+    return replies_.count(id) > 0;
+  }
+
+ private:
+  explicit BareClient(std::unique_ptr<internal::ucx::Worker> worker) : worker_(std::move(worker)) {}
+
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void*, size_t,
+                              const ucp_am_recv_param_t*) {
+    auto* self = static_cast<BareClient*>(arg);
+    Reply r;
+    if (header_length < sizeof(r.header)) return UCS_OK;
+    std::memcpy(&r.header, header, sizeof(r.header));
+    r.text.assign(static_cast<const char*>(header) + sizeof(r.header),
+                  header_length - sizeof(r.header));
+    absl::MutexLock l(&self->mu_);
+    self->replies_[r.header.request_id] = std::move(r);
+    return UCS_OK;
+  }
+
+  absl::Mutex mu_;
+  std::map<uint64_t, Reply> replies_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<internal::ucx::Worker> worker_;  // last: stops before the replies go
+};
+
 TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
   std::atomic<int> served{0};
   auto server = StartServer([&](const ElementRequest&) {
@@ -578,14 +636,8 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
   ASSERT_OK(server);
   // A bare UCX client speaking the old version.
   namespace ucx = internal::ucx;
-  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
-  ASSERT_OK_AND_ASSIGN(auto worker, ucx::Worker::Create(ctx, /*busy_poll=*/false));
-  struct Reply {
-    absl::Mutex mu;
-    bool got ABSL_GUARDED_BY(mu) = false;
-    ucx::ReplyHeader header ABSL_GUARDED_BY(mu){};
-    std::string text ABSL_GUARDED_BY(mu);
-  } reply;
+  ASSERT_OK_AND_ASSIGN(auto client, BareClient::Create());
+  ucx::Worker* worker = client->worker();
   struct OldHeader {  // version 3's request header
     uint32_t magic, version;
     uint64_t request_id;
@@ -598,21 +650,6 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
   ucp_ep_h ep = nullptr;
   absl::Status status;
   worker->Run([&] {
-    status = ucx::SetAmHandler(
-        worker->handle(), ucx::kElementAm,
-        [](void* arg, const void* header, size_t header_length, void*, size_t,
-           const ucp_am_recv_param_t*) -> ucs_status_t {
-          auto* r = static_cast<Reply*>(arg);
-          absl::MutexLock l(&r->mu);
-          if (header_length < sizeof(r->header)) return UCS_OK;
-          std::memcpy(&r->header, header, sizeof(r->header));
-          r->text.assign(static_cast<const char*>(header) + sizeof(r->header),
-                         header_length - sizeof(r->header));
-          r->got = true;
-          return UCS_OK;
-        },
-        &reply);
-    if (!status.ok()) return;
     auto connected = ucx::ConnectEndpoint(worker->handle(), (*server)->address(),
                                           [](void*, ucp_ep_h, ucs_status_t) {}, nullptr);
     if (!connected.ok()) {
@@ -623,19 +660,15 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
     status = SendRawRequest(ep, &old, sizeof(old));  // `old` outlives it: we wait for the reply
   });
   ASSERT_OK(status);
-  {
-    absl::MutexLock l(&reply.mu);
-    auto got = [&reply]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reply.mu) { return reply.got; };
-    ASSERT_TRUE(reply.mu.AwaitWithTimeout(absl::Condition(&got), absl::Seconds(30)))
-        << "no reply to an old-version request";
-    EXPECT_EQ(reply.header.magic, ucx::kReplyMagic);
-    EXPECT_EQ(reply.header.request_id, 42u);
-    EXPECT_TRUE(reply.header.flags & ucx::kReplyError);
-    EXPECT_EQ(static_cast<absl::StatusCode>(reply.header.code),
-              absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(reply.text, ::testing::HasSubstr(absl::StrCat(
-                                "protocol version ", ucx::kProtocolVersion, ", the client 3")));
-  }
+  std::optional<BareClient::Reply> reply = client->Await(42, absl::Seconds(30));
+  ASSERT_TRUE(reply.has_value()) << "no reply to an old-version request";
+  EXPECT_EQ(reply->header.magic, ucx::kReplyMagic);
+  EXPECT_EQ(reply->header.request_id, 42u);
+  EXPECT_TRUE(reply->header.flags & ucx::kReplyError);
+  EXPECT_EQ(static_cast<absl::StatusCode>(reply->header.code),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(reply->text, ::testing::HasSubstr(absl::StrCat(
+                               "protocol version ", ucx::kProtocolVersion, ", the client 3")));
   EXPECT_EQ(served.load(), 0);
   worker->Run([&] { ucx::CloseEndpointForce(ep); });
 }
@@ -648,39 +681,26 @@ TEST(UcxProtocolTest, ARequestOfAnotherVersionIsRefusedNamingBothVersions) {
 // be taken as the answer to its own request).
 TEST(UcxProtocolTest, AReplyNeverReachesALaterConnectionOnARecycledEndpoint) {
   constexpr int64_t kSlowTask = 1, kFastTask = 2;
-  auto server = StartServer([](const ElementRequest& r) {
-    if (r.task_id == kSlowTask) absl::SleepFor(absl::Milliseconds(300));
-    ServedBatch b;
-    b.not_ready = true;
-    return absl::StatusOr<ServedBatch>(std::move(b));
-  });
+  std::atomic<int> slow_started{0};
+  // One serving thread: the slow reply is posted before the next request is
+  // served, so it is sent (wherever it goes) before that request's reply.
+  auto server = StartServer(
+      [&](const ElementRequest& r) {
+        if (r.task_id == kSlowTask) {
+          slow_started++;
+          absl::SleepFor(absl::Milliseconds(300));  // while its client goes away
+        }
+        ServedBatch b;
+        b.not_ready = true;
+        return absl::StatusOr<ServedBatch>(std::move(b));
+      },
+      /*threads=*/1);
   ASSERT_OK(server);
   namespace ucx = internal::ucx;
-  ASSERT_OK_AND_ASSIGN(auto ctx, ucx::Context::Get());
-  ASSERT_OK_AND_ASSIGN(auto worker, ucx::Worker::Create(ctx, /*busy_poll=*/false));
-  struct Replies {
-    absl::Mutex mu;
-    std::set<uint64_t> ids ABSL_GUARDED_BY(mu);
-  } replies;
-  absl::Status status;
-  worker->Run([&] {
-    status = ucx::SetAmHandler(
-        worker->handle(), ucx::kElementAm,
-        [](void* arg, const void* header, size_t header_length, void*, size_t,
-           const ucp_am_recv_param_t*) -> ucs_status_t {
-          auto* r = static_cast<Replies*>(arg);
-          ucx::ReplyHeader h;
-          if (header_length < sizeof(h)) return UCS_OK;
-          std::memcpy(&h, header, sizeof(h));
-          absl::MutexLock l(&r->mu);
-          r->ids.insert(h.request_id);
-          return UCS_OK;
-        },
-        &replies);
-  });
-  ASSERT_OK(status);
-  // Connects and sends one request (in the worker's pass).
+  ASSERT_OK_AND_ASSIGN(auto client, BareClient::Create());
+  ucx::Worker* worker = client->worker();
   std::deque<ucx::RequestHeader> headers;  // outlive their sends
+  // Connects and sends one request (in the worker's pass).
   auto connect_and_ask = [&](uint64_t id, int64_t task) -> absl::StatusOr<ucp_ep_h> {
     absl::StatusOr<ucp_ep_h> ep;
     worker->Run([&] {
@@ -702,25 +722,25 @@ TEST(UcxProtocolTest, AReplyNeverReachesALaterConnectionOnARecycledEndpoint) {
     });
     return ep;
   };
-  auto got = [&](uint64_t id) {
-    absl::MutexLock l(&replies.mu);
-    return replies.ids.count(id) > 0;
-  };
-  for (uint64_t round = 0; round < 6; ++round) {
+  for (int round = 0; round < 6; ++round) {
     const uint64_t first = 1000 + 2 * round, second = first + 1;
-    // The first client asks for the slow task and goes away meanwhile.
+    // The first client asks for the slow task and goes away while it is
+    // served.
     ASSERT_OK_AND_ASSIGN(ucp_ep_h gone, connect_and_ask(first, kSlowTask));
-    absl::SleepFor(absl::Milliseconds(50));
-    worker->Run([&] { ucx::CloseEndpointForce(gone); });
-    absl::SleepFor(absl::Milliseconds(100));
-    // The next connection (often on the freed handle) asks for the fast one.
-    ASSERT_OK_AND_ASSIGN(ucp_ep_h next, connect_and_ask(second, kFastTask));
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (!got(second) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-    EXPECT_TRUE(got(second)) << "round " << round;
-    absl::SleepFor(absl::Milliseconds(400));  // the slow reply is ready by now
-    EXPECT_FALSE(got(first)) << "round " << round
-                             << ": the reply to a closed connection's request reached the next";
+    while (slow_started.load() <= round && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    ASSERT_GT(slow_started.load(), round) << "the slow request never reached the worker";
+    worker->Run([&] { ucx::CloseEndpointForce(gone); });
+    // Time for the worker to see the disconnect, so that the next
+    // connection may get the freed handle (without it the round proves less,
+    // but cannot fail).
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_OK_AND_ASSIGN(ucp_ep_h next, connect_and_ask(second, kFastTask));
+    EXPECT_TRUE(client->Await(second, absl::Seconds(10)).has_value()) << "round " << round;
+    EXPECT_FALSE(client->Got(first))
+        << "round " << round << ": the reply to a closed connection's request reached the next";
     worker->Run([&] { ucx::CloseEndpointForce(next); });
   }
 }
