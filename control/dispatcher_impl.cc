@@ -610,8 +610,7 @@ void DispatcherImpl::FillClientHeartbeatLocked(const Iteration& it, const std::s
   // added or changed since (none when the poll ran out).
   const std::optional<std::vector<int64_t>> changed = versions_.ChangedSince(it.id, known_version);
   resp->set_tasks_delta(changed.has_value());
-  task_policy_.ListTasks(it, changed ? *changed : std::vector<int64_t>(it.tasks.begin(), it.tasks.end()),
-                         host, resp);
+  task_policy_.ListTasks(it, changed ? &*changed : nullptr, host, resp);
   resp->set_iteration_finished(it.finished || (it.collected && it.tasks.empty()));
   if (it.splits != nullptr) {
     resp->set_completed_split_watermark(it.splits->LowestOpen().value_or(state_.next_id()));

@@ -535,9 +535,16 @@ std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
     u->set_index(w.index);
     u->set_host_id(w.host_id);
   }
+  // tasks_ is unordered: the snapshot lists tasks by id, so that equal
+  // states write equal snapshots.
+  std::vector<const Task*> tasks;
+  tasks.reserve(tasks_.size());
+  for (const auto& [id, t] : tasks_) tasks.push_back(&t);
+  std::sort(tasks.begin(), tasks.end(), [](const Task* a, const Task* b) { return a->id < b->id; });
   // address -> its shard (index) and host
   std::map<std::string, std::pair<int64_t, std::string>> gone;
-  for (const auto& [id, t] : tasks_) {
+  for (const Task* task : tasks) {
+    const Task& t = *task;
     if (!workers_.count(t.worker)) {
       gone.emplace(t.worker, std::make_pair(std::max<int64_t>(0, t.shard), t.host_id));
     }
@@ -566,7 +573,9 @@ std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
   // all of its tasks are).
   std::map<std::string, std::vector<int64_t>> delivered;
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> started;  // (it, round) -> tasks
-  for (const auto& [id, t] : tasks_) {
+  for (const Task* task : tasks) {
+    const Task& t = *task;
+    const int64_t id = t.id;
     auto* u = add()->mutable_create_task();
     u->set_task_id(id);
     u->set_iteration_id(t.iteration_id);
@@ -592,11 +601,11 @@ std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
     u->set_iteration_id(id);
     it.splits->Save(u);
   }
-  for (const auto& [id, t] : tasks_) {
-    if (!t.completed && !t.lost) continue;
+  for (const Task* t : tasks) {
+    if (!t->completed && !t->lost) continue;
     auto* u = add()->mutable_finish_task();
-    u->set_task_id(id);
-    u->set_lost(t.lost);
+    u->set_task_id(t->id);
+    u->set_lost(t->lost);
   }
   for (const auto& [id, it] : iterations_) {
     if (it.collected) add()->mutable_collect_iteration()->set_iteration_id(id);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace sluice::internal {
@@ -42,8 +43,9 @@ class IterationVersions {
     int64_t split_version = 0;
     // ChangedSince answers a known version at or above this.
     int64_t delta_base = 0;
-    // (version, task id) of every change to a task's TaskInfo.
-    std::multimap<int64_t, int64_t> task_changes;
+    // (version, task id) of every change to a task's TaskInfo, in version
+    // order (versions only grow).
+    std::vector<std::pair<int64_t, int64_t>> task_changes;
   };
   const Versions& Find(int64_t iteration) const;
   std::map<int64_t, Versions> of_;

@@ -133,17 +133,17 @@ std::vector<int64_t> TaskPolicy::Unknown(const Worker& w,
   return unknown;
 }
 
-void TaskPolicy::ListTasks(const Iteration& it, const std::vector<int64_t>& ids,
+void TaskPolicy::ListTasks(const Iteration& it, const std::vector<int64_t>* ids,
                            const std::string& host, proto::ClientHeartbeatResponse* resp) const {
   auto job = state_.jobs().find(it.job_id);
   const bool local =
       job != state_.jobs().end() && job->second.target_workers == proto::TARGET_WORKERS_LOCAL;
-  for (int64_t id : ids) {
+  auto list = [&](int64_t id) {
     auto found = state_.tasks().find(id);
-    if (found == state_.tasks().end() || !it.tasks.count(id)) continue;
+    if (found == state_.tasks().end()) return;
     const DispatcherState::Task& t = found->second;
-    if (t.pending) continue;
-    if (local && t.host_id != host) continue;  // another consumer host's workers
+    if (t.pending) return;
+    if (local && t.host_id != host) return;  // another consumer host's workers
     proto::TaskInfo* info = resp->add_tasks();
     info->set_task_id(id);
     info->set_starting_round(t.starting_round);
@@ -154,6 +154,13 @@ void TaskPolicy::ListTasks(const Iteration& it, const std::vector<int64_t>& ids,
       info->set_transfer_protocol(w->second.protocol);
     }
     info->set_lost(t.lost);
+  };
+  if (ids == nullptr) {
+    for (int64_t id : it.tasks) list(id);
+    return;
+  }
+  for (int64_t id : *ids) {
+    if (it.tasks.count(id)) list(id);
   }
 }
 

@@ -70,10 +70,11 @@ class TaskPolicy {
   // The tasks a heartbeat says the worker holds that are not its own here
   // (unknown, collected, or another worker's): to delete on it.
   static std::vector<int64_t> Unknown(const Worker& w, const proto::WorkerHeartbeatRequest& req);
-  // What a client of `it` on `host` reads, of the tasks `ids`: a TaskInfo
-  // in `resp` for each one still in the iteration that has joined it (not
-  // pending), under target_workers=LOCAL only those on `host`'s workers.
-  void ListTasks(const Iteration& it, const std::vector<int64_t>& ids, const std::string& host,
+  // What a client of `it` on `host` reads, of the tasks `ids` (nullptr: of
+  // all its tasks): a TaskInfo in `resp` for each one still in the
+  // iteration that has joined it (not pending), under target_workers=LOCAL
+  // only those on `host`'s workers.
+  void ListTasks(const Iteration& it, const std::vector<int64_t>* ids, const std::string& host,
                  proto::ClientHeartbeatResponse* resp) const;
   // WorkerUpdate (checked: CheckWorkerUpdate): an error fails its task's
   // iteration (the first error wins), and a completion or an error ends

@@ -3,6 +3,7 @@
 // fresh state rebuilds an equal one.
 #include "sluice/control/dispatcher_state.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,8 +42,12 @@ std::string Indexes(const DispatcherState& s) {
                     " pending=", absl::StrJoin(it.pending_tasks, ","), " consumers=");
     for (const auto& [c, client] : it.consumer_clients) absl::StrAppend(&out, c, ":", client, ",");
     if (it.splits != nullptr) {
+      std::vector<int64_t> tasks;  // s.tasks() is unordered
       for (const auto& [t, task] : s.tasks()) {
-        if (task.iteration_id != id) continue;
+        if (task.iteration_id == id) tasks.push_back(t);
+      }
+      std::sort(tasks.begin(), tasks.end());
+      for (int64_t t : tasks) {
         absl::StrAppend(&out, " held(", t, ")=", absl::StrJoin(it.splits->Held(t), ","));
       }
     }

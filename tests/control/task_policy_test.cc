@@ -190,10 +190,15 @@ TEST_F(TaskPolicyTest, ClientsListJoinedTasksOnTheirHost) {
   Apply("create_task { task_id: 6 iteration_id: 3 worker_address: 'b:1' }");
   Apply("create_task { task_id: 7 iteration_id: 3 worker_address: 'a:1' pending: true }");
   proto::ClientHeartbeatResponse resp;
-  policy_.ListTasks(state_.iterations().at(3), {5, 6, 7, 8}, "h1", &resp);
+  const std::vector<int64_t> ids = {5, 6, 7, 8};
+  policy_.ListTasks(state_.iterations().at(3), &ids, "h1", &resp);
   ASSERT_EQ(resp.tasks_size(), 1);
   EXPECT_EQ(resp.tasks(0).task_id(), 5);
   EXPECT_EQ(resp.tasks(0).worker_address(), "a:1");
+  proto::ClientHeartbeatResponse all;  // no list: every task of the iteration
+  policy_.ListTasks(state_.iterations().at(3), nullptr, "h2", &all);
+  ASSERT_EQ(all.tasks_size(), 1);
+  EXPECT_EQ(all.tasks(0).task_id(), 6);
 }
 
 TEST_F(TaskPolicyTest, LivenessExpiresSilentWorkersAndClientsAndCollectsIdleIterations) {
