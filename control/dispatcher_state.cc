@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "sluice/control/journal.h"
 #include "sluice/core/status.h"
 #include "sluice/rpc/grpc_util.h"
@@ -536,16 +538,25 @@ std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
     u->set_host_id(w.host_id);
   }
   // tasks_ is unordered: the snapshot lists tasks by id, so that equal
-  // states write equal snapshots.
+  // states write equal snapshots. (This runs under the dispatcher's lock,
+  // with hundreds of thousands of tasks: ids are sorted beside their
+  // tasks, and workers are looked up by hash, not in the ordered map.)
+  std::vector<std::pair<int64_t, const Task*>> by_id;
+  by_id.reserve(tasks_.size());
+  for (const auto& [id, t] : tasks_) by_id.emplace_back(id, &t);
+  std::sort(by_id.begin(), by_id.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<const Task*> tasks;
-  tasks.reserve(tasks_.size());
-  for (const auto& [id, t] : tasks_) tasks.push_back(&t);
-  std::sort(tasks.begin(), tasks.end(), [](const Task* a, const Task* b) { return a->id < b->id; });
+  tasks.reserve(by_id.size());
+  for (const auto& [id, t] : by_id) tasks.push_back(t);
+  absl::flat_hash_set<absl::string_view> registered;
+  registered.reserve(workers_.size());
+  for (const auto& [addr, w] : workers_) registered.insert(addr);
   // address -> its shard (index) and host
   std::map<std::string, std::pair<int64_t, std::string>> gone;
   for (const Task* task : tasks) {
     const Task& t = *task;
-    if (!workers_.count(t.worker)) {
+    if (!registered.contains(t.worker)) {
       gone.emplace(t.worker, std::make_pair(std::max<int64_t>(0, t.shard), t.host_id));
     }
   }
