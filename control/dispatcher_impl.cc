@@ -1,6 +1,7 @@
 #include "sluice/control/dispatcher_impl.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -224,7 +225,10 @@ void DispatcherImpl::SetJournalFaultHookForTesting(
   journal_.SetFaultHookForTesting(mu_, std::move(hook));
 }
 
-std::vector<proto::JournalRecord> DispatcherImpl::SnapshotLocked() { return state_.Snapshot(); }
+JournalCommitter::BuildRecordsFn DispatcherImpl::SnapshotLocked() {
+  auto captured = std::make_shared<DispatcherState::Captured>(state_.Capture());
+  return [captured] { return DispatcherState::Build(std::move(*captured)); };
+}
 
 absl::Status DispatcherImpl::OpenJournal(FsyncPolicy policy) {
   if (config_.work_dir.empty()) {

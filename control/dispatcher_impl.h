@@ -357,8 +357,9 @@ class DispatcherImpl {
   // Every RPC ends here, after releasing mu_: `reply` once every change
   // applied so far is durable (JournalCommitter::AwaitDurable).
   absl::Status AwaitDurable(absl::Status reply) ABSL_LOCKS_EXCLUDED(mu_);
-  // The state as serialized records that rebuild it from nothing.
-  std::vector<proto::JournalRecord> SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The journal's snapshot: the state captured under mu_, and what builds
+  // its records from the capture without it.
+  JournalCommitter::BuildRecordsFn SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // A fresh id (ids handed out but not yet applied included).
   int64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

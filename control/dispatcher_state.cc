@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/control/journal.h"
@@ -494,7 +494,112 @@ DispatcherState::Sizes DispatcherState::sizes() const {
   return s;
 }
 
-std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
+DispatcherState::Captured DispatcherState::Capture() const {
+  Captured c;
+  auto head = [&c]() { return &c.head.emplace_back(); };
+  auto tail = [&c]() { return &c.tail.emplace_back(); };
+  for (const auto& [id, d] : datasets_) {
+    auto* u = head()->mutable_register_dataset();
+    u->set_dataset_id(id);
+    *u->mutable_dataset() = d.def;
+    u->set_fingerprint(d.fingerprint);
+  }
+  for (const auto& [id, j] : jobs_) {
+    auto* u = head()->mutable_create_job();
+    u->set_job_id(id);
+    u->set_dataset_id(j.dataset_id);
+    u->set_processing_mode(j.mode);
+    u->set_job_name(j.name);
+    u->set_num_consumers(j.num_consumers);
+    u->set_target_workers(j.target_workers);
+    *u->mutable_split_source() = j.split_source;
+    u->set_split_tracked(j.split_tracked);
+  }
+  // The tasks, one pass in no order (a node each, among hundreds of
+  // thousands): their workers by index, registered ones first. A worker
+  // some tasks name but gone since gets a stand-in, registered here and
+  // removed again at the end, with the shard and host of its first task.
+  absl::flat_hash_map<absl::string_view, int32_t> index;
+  index.reserve(workers_.size());
+  for (const auto& [addr, w] : workers_) {
+    index.emplace(addr, static_cast<int32_t>(c.worker_addresses.size()));
+    c.worker_addresses.push_back(addr);
+  }
+  const size_t registered = c.worker_addresses.size();
+  absl::flat_hash_map<int32_t, const Task*> first_of_gone;
+  c.tasks.reserve(tasks_.size());
+  for (const auto& [id, t] : tasks_) {
+    auto [slot, added] = index.try_emplace(t.worker, static_cast<int32_t>(c.worker_addresses.size()));
+    if (added) c.worker_addresses.push_back(t.worker);
+    if (static_cast<size_t>(slot->second) >= registered) {
+      const Task*& first = first_of_gone[slot->second];
+      if (first == nullptr || id < first->id) first = &t;
+    }
+    c.tasks.push_back({id, t.iteration_id, t.starting_round, slot->second, t.pending, t.delivered,
+                       t.completed, t.lost});
+  }
+  std::map<std::string, const Task*> gone;  // by address, so the snapshot is ordered
+  for (const auto& [i, t] : first_of_gone) gone.emplace(t->worker, t);
+  for (const auto& [addr, w] : workers_) {
+    auto* u = head()->mutable_register_worker();
+    u->set_address(addr);
+    u->set_transfer_address(w.transfer_address);
+    u->set_transfer_protocol(w.protocol);
+    u->set_index(w.index);
+    u->set_host_id(w.host_id);
+  }
+  for (const auto& [addr, t] : gone) {
+    auto* u = head()->mutable_register_worker();
+    u->set_address(addr);
+    u->set_index(std::max<int64_t>(0, t->shard));
+    u->set_host_id(t->host_id);
+  }
+  for (const auto& [id, it] : iterations_) {
+    auto* u = head()->mutable_create_iteration();
+    u->set_iteration_id(id);
+    u->set_job_id(it.job_id);
+    u->set_repetition(it.repetition);
+    u->set_finished(it.finished);
+    if (it.splits != nullptr) it.splits->DescribeTo(u);
+    if (it.first_round != 0) u->mutable_resume()->set_round(it.first_round);
+    if (!it.error.ok()) {
+      auto* e = head()->mutable_iteration_error();
+      e->set_iteration_id(id);
+      *e->mutable_error() = ToProto(it.error);
+    }
+  }
+  for (const auto& [id, it] : iterations_) {
+    if (it.splits == nullptr) continue;
+    auto* u = c.middle.emplace_back().mutable_split_provider_state();
+    u->set_iteration_id(id);
+    it.splits->Save(u);
+  }
+  for (const auto& [id, it] : iterations_) {
+    if (it.collected) tail()->mutable_collect_iteration()->set_iteration_id(id);
+  }
+  for (const auto& [id, cl] : clients_) {
+    auto* u = tail()->mutable_create_client();
+    u->set_client_id(id);
+    u->set_iteration_id(cl.iteration_id);
+    u->set_consumer_index(cl.consumer_index);
+    u->set_host_id(cl.host_id);
+    if (cl.at_end) tail()->mutable_client_at_end()->set_client_id(id);
+  }
+  for (const auto& [addr, t] : gone) tail()->mutable_remove_worker()->set_address(addr);
+  const std::vector<std::string>& holders = shard_claims_.holders();
+  for (size_t i = 0; i < holders.size(); ++i) {
+    if (holders[i].empty()) continue;
+    auto* u = tail()->mutable_shard_claim();
+    u->set_index(static_cast<int64_t>(i));
+    u->set_address(holders[i]);
+  }
+  auto* counters = tail()->mutable_counters();
+  counters->set_next_id(next_id_);
+  counters->set_next_worker_index(next_worker_index_);
+  return c;
+}
+
+std::vector<proto::JournalRecord> DispatcherState::Build(Captured c) {
   std::vector<proto::JournalRecord> out(1);
   size_t bytes = 0;  // of the updates in the last record before its last (being filled)
   auto add = [&]() -> proto::JournalUpdate* {
@@ -510,94 +615,27 @@ std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
     }
     return rec->add_updates();
   };
-  for (const auto& [id, d] : datasets_) {
-    auto* u = add()->mutable_register_dataset();
-    u->set_dataset_id(id);
-    *u->mutable_dataset() = d.def;
-    u->set_fingerprint(d.fingerprint);
-  }
-  for (const auto& [id, j] : jobs_) {
-    auto* u = add()->mutable_create_job();
-    u->set_job_id(id);
-    u->set_dataset_id(j.dataset_id);
-    u->set_processing_mode(j.mode);
-    u->set_job_name(j.name);
-    u->set_num_consumers(j.num_consumers);
-    u->set_target_workers(j.target_workers);
-    *u->mutable_split_source() = j.split_source;
-    u->set_split_tracked(j.split_tracked);
-  }
-  // Workers, and stand-ins for the gone workers some tasks still name
-  // (removed again below).
-  for (const auto& [addr, w] : workers_) {
-    auto* u = add()->mutable_register_worker();
-    u->set_address(addr);
-    u->set_transfer_address(w.transfer_address);
-    u->set_transfer_protocol(w.protocol);
-    u->set_index(w.index);
-    u->set_host_id(w.host_id);
-  }
-  // tasks_ is unordered: the snapshot lists tasks by id, so that equal
-  // states write equal snapshots. (This runs under the dispatcher's lock,
-  // with hundreds of thousands of tasks: ids are sorted beside their
-  // tasks, and workers are looked up by hash, not in the ordered map.)
-  std::vector<std::pair<int64_t, const Task*>> by_id;
-  by_id.reserve(tasks_.size());
-  for (const auto& [id, t] : tasks_) by_id.emplace_back(id, &t);
-  std::sort(by_id.begin(), by_id.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<const Task*> tasks;
-  tasks.reserve(by_id.size());
-  for (const auto& [id, t] : by_id) tasks.push_back(t);
-  absl::flat_hash_set<absl::string_view> registered;
-  registered.reserve(workers_.size());
-  for (const auto& [addr, w] : workers_) registered.insert(addr);
-  // address -> its shard (index) and host
-  std::map<std::string, std::pair<int64_t, std::string>> gone;
-  for (const Task* task : tasks) {
-    const Task& t = *task;
-    if (!registered.contains(t.worker)) {
-      gone.emplace(t.worker, std::make_pair(std::max<int64_t>(0, t.shard), t.host_id));
-    }
-  }
-  for (const auto& [addr, shard_host] : gone) {
-    auto* u = add()->mutable_register_worker();
-    u->set_address(addr);
-    u->set_index(shard_host.first);
-    u->set_host_id(shard_host.second);
-  }
-  for (const auto& [id, it] : iterations_) {
-    auto* u = add()->mutable_create_iteration();
-    u->set_iteration_id(id);
-    u->set_job_id(it.job_id);
-    u->set_repetition(it.repetition);
-    u->set_finished(it.finished);
-    if (it.splits != nullptr) it.splits->DescribeTo(u);
-    if (it.first_round != 0) u->mutable_resume()->set_round(it.first_round);
-    if (!it.error.ok()) {
-      auto* e = add()->mutable_iteration_error();
-      e->set_iteration_id(id);
-      *e->mutable_error() = ToProto(it.error);
-    }
-  }
+  for (proto::JournalUpdate& u : c.head) *add() = std::move(u);
   // Every task exists before any finishes (an iteration is finished once
-  // all of its tasks are).
-  std::map<std::string, std::vector<int64_t>> delivered;
+  // all of its tasks are); tasks by id, so equal states write equal
+  // snapshots.
+  std::sort(c.tasks.begin(), c.tasks.end(),
+            [](const Captured::TaskRow& a, const Captured::TaskRow& b) { return a.id < b.id; });
+  std::map<absl::string_view, std::vector<int64_t>> delivered;
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> started;  // (it, round) -> tasks
-  for (const Task* task : tasks) {
-    const Task& t = *task;
-    const int64_t id = t.id;
+  for (const Captured::TaskRow& t : c.tasks) {
+    const std::string& worker = c.worker_addresses[t.worker];
     auto* u = add()->mutable_create_task();
-    u->set_task_id(id);
-    u->set_iteration_id(t.iteration_id);
-    u->set_worker_address(t.worker);
+    u->set_task_id(t.id);
+    u->set_iteration_id(t.iteration);
+    u->set_worker_address(worker);
     u->set_pending(t.pending);
-    if (t.delivered) delivered[t.worker].push_back(id);
-    if (!t.pending && t.starting_round != 0) started[{t.iteration_id, t.starting_round}].push_back(id);
+    if (t.delivered) delivered[worker].push_back(t.id);
+    if (!t.pending && t.starting_round != 0) started[{t.iteration, t.starting_round}].push_back(t.id);
   }
   for (const auto& [addr, ids] : delivered) {
     auto* u = add()->mutable_tasks_delivered();
-    u->set_worker_address(addr);
+    u->set_worker_address(std::string(addr));
     for (int64_t id : ids) u->add_task_ids(id);
   }
   for (const auto& [key, ids] : started) {
@@ -606,40 +644,14 @@ std::vector<proto::JournalRecord> DispatcherState::Snapshot() const {
     u->set_starting_round(key.second);
     for (int64_t id : ids) u->add_task_ids(id);
   }
-  for (const auto& [id, it] : iterations_) {
-    if (it.splits == nullptr) continue;
-    auto* u = add()->mutable_split_provider_state();
-    u->set_iteration_id(id);
-    it.splits->Save(u);
-  }
-  for (const Task* t : tasks) {
-    if (!t->completed && !t->lost) continue;
+  for (proto::JournalUpdate& u : c.middle) *add() = std::move(u);
+  for (const Captured::TaskRow& t : c.tasks) {
+    if (!t.completed && !t.lost) continue;
     auto* u = add()->mutable_finish_task();
-    u->set_task_id(t->id);
-    u->set_lost(t->lost);
+    u->set_task_id(t.id);
+    u->set_lost(t.lost);
   }
-  for (const auto& [id, it] : iterations_) {
-    if (it.collected) add()->mutable_collect_iteration()->set_iteration_id(id);
-  }
-  for (const auto& [id, cl] : clients_) {
-    auto* u = add()->mutable_create_client();
-    u->set_client_id(id);
-    u->set_iteration_id(cl.iteration_id);
-    u->set_consumer_index(cl.consumer_index);
-    u->set_host_id(cl.host_id);
-    if (cl.at_end) add()->mutable_client_at_end()->set_client_id(id);
-  }
-  for (const auto& [addr, shard_host] : gone) add()->mutable_remove_worker()->set_address(addr);
-  const std::vector<std::string>& holders = shard_claims_.holders();
-  for (size_t i = 0; i < holders.size(); ++i) {
-    if (holders[i].empty()) continue;
-    auto* u = add()->mutable_shard_claim();
-    u->set_index(static_cast<int64_t>(i));
-    u->set_address(holders[i]);
-  }
-  auto* counters = add()->mutable_counters();
-  counters->set_next_id(next_id_);
-  counters->set_next_worker_index(next_worker_index_);
+  for (proto::JournalUpdate& u : c.tail) *add() = std::move(u);
   return out;
 }
 

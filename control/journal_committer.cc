@@ -127,11 +127,11 @@ void JournalCommitter::Write(absl::Mutex& mu) {
     compact_upto_ = applied_;
     if (compact_thread_.joinable()) compact_thread_.join();  // it has left the lock for good
     const absl::Time t0 = absl::Now();
-    std::vector<proto::JournalRecord> snapshot = snapshot_();
+    BuildRecordsFn build = snapshot_();
     timing_.snapshot_under_lock = absl::Now() - t0;
     compact_thread_ = std::thread(
-        [this, &mu, snapshot = std::move(snapshot), before = journal->size()]() mutable {
-          CompactInBackground(mu, std::move(snapshot), before);
+        [this, &mu, build = std::move(build), before = journal->size()]() mutable {
+          CompactInBackground(mu, std::move(build), before);
         });
   }
   mu.Unlock();
@@ -162,16 +162,15 @@ std::vector<std::string> Serialize(const std::vector<proto::JournalRecord>& reco
 }
 }  // namespace
 
-void JournalCommitter::CompactInBackground(absl::Mutex& mu,
-                                           std::vector<proto::JournalRecord> records,
+void JournalCommitter::CompactInBackground(absl::Mutex& mu, BuildRecordsFn build,
                                            uint64_t bytes_before) {
   const absl::Time t0 = absl::Now();
-  const std::vector<std::string> snapshot = Serialize(records);
-  records.clear();
+  const std::vector<std::string> snapshot = Serialize(build());
+  build = nullptr;  // the capture
   const absl::Time t1 = absl::Now();
   absl::Status s = journal_->WriteCompacted(snapshot);
   absl::MutexLock l(&mu);
-  timing_.serialize = t1 - t0;
+  timing_.build = t1 - t0;
   timing_.write = absl::Now() - t1;
   while (writing_) cv_.Wait(&mu);
   if (s.ok()) s = error_;
@@ -211,12 +210,12 @@ void JournalCommitter::Compacted(const std::vector<std::string>& snapshot,
   uint64_t bytes = kJournalHeaderBytes;
   for (const std::string& r : snapshot) bytes += kJournalRecordHeaderBytes + r.size();
   spdlog::info("dispatcher: journal compacted from {} records ({} bytes) to a snapshot of {} "
-               "records ({} bytes): snapshot built in {} under the lock, serialized in {} "
-               "and written in {} without it, installed with {} records appended meanwhile "
-               "in {} (appends waited)",
+               "records ({} bytes): state captured in {} under the lock, records built and "
+               "serialized in {} and written in {} without it, installed with {} records "
+               "appended meanwhile in {} (appends waited)",
                records_in_journal_, bytes_before, snapshot.size(), bytes,
                absl::FormatDuration(timing_.snapshot_under_lock),
-               absl::FormatDuration(timing_.serialize), absl::FormatDuration(timing_.write),
+               absl::FormatDuration(timing_.build), absl::FormatDuration(timing_.write),
                timing_.tail_records,
                absl::FormatDuration(timing_.install));
   timing_ = {};
@@ -249,7 +248,7 @@ absl::Status JournalCommitter::Compact(absl::Mutex& mu) {
 absl::Status JournalCommitter::CompactNow() {
   // No writer runs (the caller made sure): the snapshot replaces the
   // journal and everything queued.
-  const std::vector<std::string> records = Serialize(snapshot_());
+  const std::vector<std::string> records = Serialize(snapshot_()());
   const uint64_t before = journal_->size();
   SLUICE_RETURN_IF_ERROR(journal_->Rewrite(records));
   queue_.clear();

@@ -13,9 +13,10 @@
 // (Unavailable) until the dispatcher is restarted and replays its journal.
 //
 // Compaction: once the journal holds min_records records, and four times
-// the records and the bytes of the last snapshot, the writer takes a
-// snapshot of the state (the SnapshotFn, under the mutex) and a thread of
-// its own writes it beside the journal while appends go on; then the
+// the records and the bytes of the last snapshot, the writer captures the
+// state (the SnapshotFn, under the mutex) and a thread of its own builds
+// the snapshot's records from the capture and writes them beside the
+// journal while appends go on; then the
 // records appended meanwhile follow it, it is synced and renamed over the
 // journal (JournalWriter::WriteCompacted / InstallCompacted).
 //
@@ -47,9 +48,12 @@ namespace sluice::internal {
 
 class JournalCommitter {
  public:
-  // The state as records that rebuild it from nothing; called holding the
-  // mutex (they are serialized without it).
-  using SnapshotFn = std::function<std::vector<proto::JournalRecord>()>;
+  // The state as records that rebuild it from nothing, in two steps: the
+  // SnapshotFn is called holding the mutex and captures the state; what it
+  // returns makes the records without the mutex (on the compaction
+  // thread), from the capture alone.
+  using BuildRecordsFn = std::function<std::vector<proto::JournalRecord>()>;
+  using SnapshotFn = std::function<BuildRecordsFn()>;
   // Called holding the mutex whenever a write or a compaction ends (so
   // that replies waiting elsewhere than in AwaitDurable may go out).
   using WrittenFn = std::function<void()>;
@@ -133,9 +137,10 @@ class JournalCommitter {
   const Counters& counters() const { return counters_; }
 
  private:
-  // Writes `snapshot` as the compacted journal while appends go on, then
-  // installs it with the records appended meanwhile (compact_thread_).
-  void CompactInBackground(absl::Mutex& mu, std::vector<proto::JournalRecord> snapshot,
+  // Builds the snapshot's records (`build`) and writes them as the
+  // compacted journal while appends go on, then installs it with the
+  // records appended meanwhile (compact_thread_).
+  void CompactInBackground(absl::Mutex& mu, BuildRecordsFn build,
                            uint64_t bytes_before) ABSL_LOCKS_EXCLUDED(mu);
   // With no write running: the snapshot replaces the journal and the queue.
   absl::Status CompactNow();
@@ -161,7 +166,7 @@ class JournalCommitter {
   int64_t records_in_journal_ = 0;
   // How the compaction under way went (logged when it ends).
   struct CompactionTiming {
-    absl::Duration snapshot_under_lock, serialize, write, install;
+    absl::Duration snapshot_under_lock, build, write, install;
     int64_t tail_records = 0;
   };
   CompactionTiming timing_;

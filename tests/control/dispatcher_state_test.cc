@@ -369,6 +369,46 @@ TEST_F(DispatcherStateTest, ASnapshotRestoresAnEqualState) {
   EXPECT_THAT(text, HasSubstr("counters { next_id: 40 next_worker_index: 3 }"));
 }
 
+// Journal compaction captures the state under the dispatcher's lock and
+// builds the records after releasing it, while the state changes on.
+TEST_F(DispatcherStateTest, ACaptureBuildsTheSnapshotOfItsMomentWhateverTheStateDoesAfter) {
+  auto text = [](const std::vector<proto::JournalRecord>& records) {
+    std::string out;
+    for (const proto::JournalRecord& rec : records) {
+      for (const proto::JournalUpdate& u : rec.updates()) absl::StrAppend(&out, u.ShortDebugString(), "\n");
+    }
+    return out;
+  };
+  Basic("DISTRIBUTED_EPOCH");
+  ASSERT_OK(Apply("register_worker { address: 'c:1' index: 2 host_id: 'h3' }"));
+  ASSERT_OK(Apply("create_iteration { iteration_id: 30 job_id: 2 repetition: 1 has_splits: true "
+                  "positions: 10 split_elements: 4 }"));
+  ASSERT_OK(Apply("create_task { task_id: 33 iteration_id: 30 worker_address: 'c:1' }"));
+  ASSERT_OK(Apply("create_task { task_id: 31 iteration_id: 30 worker_address: 'a:1' }"));
+  ASSERT_OK(Apply("create_task { task_id: 32 iteration_id: 30 worker_address: 'b:1' }"));
+  ASSERT_OK(Apply("tasks_delivered { worker_address: 'a:1' task_ids: 31 }"));
+  ASSERT_OK(Apply("assign_split { task_id: 31 split { split_id: 34 begin: 0 end: 4 } "
+                  "created: true next_position: 4 }"));
+  ASSERT_OK(Apply("remove_worker { address: 'c:1' }"));  // task 33 names a gone worker
+  ASSERT_OK(Apply("finish_task { task_id: 32 }"));
+  const std::string then = state_.DebugString();
+  DispatcherState::Captured captured = state_.Capture();
+  // The state moves on: tasks come and go, a worker leaves, the
+  // iteration is collected.
+  ASSERT_OK(Apply("create_task { task_id: 35 iteration_id: 30 worker_address: 'a:1' }"));
+  ASSERT_OK(Apply("complete_splits { task_id: 31 split_ids: 34 }"));
+  ASSERT_OK(Apply("finish_task { task_id: 31 }"));
+  ASSERT_OK(Apply("remove_worker { address: 'b:1' }"));
+  ASSERT_OK(Apply("collect_iteration { iteration_id: 30 }"));
+  ASSERT_NE(state_.DebugString(), then);
+  const std::string built = text(DispatcherState::Build(std::move(captured)));
+  EXPECT_EQ(built, then);
+  // The gone worker's stand-in, with its task's host, removed at the end.
+  EXPECT_THAT(built, HasSubstr("register_worker { address: \"c:1\" host_id: \"h3\" }"));
+  EXPECT_THAT(built, HasSubstr("remove_worker { address: \"c:1\" }"));
+  EXPECT_THAT(built, HasSubstr("tasks_delivered { worker_address: \"a:1\" task_ids: 31 }"));
+}
+
 TEST_F(DispatcherStateTest, ALargeSnapshotIsCutIntoRecords) {
   Basic();
   for (int64_t id = 100; id < 2600; ++id) {

@@ -27,7 +27,7 @@ using ::testing::HasSubstr;
 class Committer {
  public:
   Committer()
-      : c_([] { return std::vector<proto::JournalRecord>{}; }, [] {}) {
+      : c_([] { return [] { return std::vector<proto::JournalRecord>{}; }; }, [] {}) {
     absl::MutexLock l(&mu_);
     status_ = c_.Open(dir_.path(), FsyncPolicy::kEveryRecord, 0);
   }
