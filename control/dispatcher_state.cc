@@ -655,9 +655,9 @@ std::vector<proto::JournalRecord> DispatcherState::Build(Captured c) {
   return out;
 }
 
-std::string DispatcherState::DebugString() const {
+std::string DispatcherState::Text(const std::vector<proto::JournalRecord>& records) {
   std::string out;
-  for (const proto::JournalRecord& rec : Snapshot()) {
+  for (const proto::JournalRecord& rec : records) {
     for (const proto::JournalUpdate& u : rec.updates()) {
       absl::StrAppend(&out, u.ShortDebugString(), "\n");
     }

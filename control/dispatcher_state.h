@@ -170,7 +170,9 @@ class DispatcherState {
   Captured Capture() const;
   static std::vector<proto::JournalRecord> Build(Captured captured);
   // The snapshot as text, one update a line.
-  std::string DebugString() const;
+  std::string DebugString() const { return Text(Snapshot()); }
+  // Records as text, one update a line.
+  static std::string Text(const std::vector<proto::JournalRecord>& records);
 
   const std::map<std::string, Dataset>& datasets() const { return datasets_; }
   const std::map<int64_t, Job>& jobs() const { return jobs_; }

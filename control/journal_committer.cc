@@ -166,7 +166,7 @@ void JournalCommitter::CompactInBackground(absl::Mutex& mu, BuildRecordsFn build
                                            uint64_t bytes_before) {
   const absl::Time t0 = absl::Now();
   const std::vector<std::string> snapshot = Serialize(build());
-  build = nullptr;  // the capture
+  build = nullptr;  // frees the capture before the write
   const absl::Time t1 = absl::Now();
   absl::Status s = journal_->WriteCompacted(snapshot);
   absl::MutexLock l(&mu);

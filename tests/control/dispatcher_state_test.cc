@@ -3,7 +3,6 @@
 // fresh state rebuilds an equal one.
 #include "sluice/control/dispatcher_state.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,12 +41,7 @@ std::string Indexes(const DispatcherState& s) {
                     " pending=", absl::StrJoin(it.pending_tasks, ","), " consumers=");
     for (const auto& [c, client] : it.consumer_clients) absl::StrAppend(&out, c, ":", client, ",");
     if (it.splits != nullptr) {
-      std::vector<int64_t> tasks;  // s.tasks() is unordered
-      for (const auto& [t, task] : s.tasks()) {
-        if (task.iteration_id == id) tasks.push_back(t);
-      }
-      std::sort(tasks.begin(), tasks.end());
-      for (int64_t t : tasks) {
+      for (int64_t t : it.tasks) {
         absl::StrAppend(&out, " held(", t, ")=", absl::StrJoin(it.splits->Held(t), ","));
       }
     }
@@ -372,13 +366,6 @@ TEST_F(DispatcherStateTest, ASnapshotRestoresAnEqualState) {
 // Journal compaction captures the state under the dispatcher's lock and
 // builds the records after releasing it, while the state changes on.
 TEST_F(DispatcherStateTest, ACaptureBuildsTheSnapshotOfItsMomentWhateverTheStateDoesAfter) {
-  auto text = [](const std::vector<proto::JournalRecord>& records) {
-    std::string out;
-    for (const proto::JournalRecord& rec : records) {
-      for (const proto::JournalUpdate& u : rec.updates()) absl::StrAppend(&out, u.ShortDebugString(), "\n");
-    }
-    return out;
-  };
   Basic("DISTRIBUTED_EPOCH");
   ASSERT_OK(Apply("register_worker { address: 'c:1' index: 2 host_id: 'h3' }"));
   ASSERT_OK(Apply("create_iteration { iteration_id: 30 job_id: 2 repetition: 1 has_splits: true "
@@ -401,7 +388,7 @@ TEST_F(DispatcherStateTest, ACaptureBuildsTheSnapshotOfItsMomentWhateverTheState
   ASSERT_OK(Apply("remove_worker { address: 'b:1' }"));
   ASSERT_OK(Apply("collect_iteration { iteration_id: 30 }"));
   ASSERT_NE(state_.DebugString(), then);
-  const std::string built = text(DispatcherState::Build(std::move(captured)));
+  const std::string built = DispatcherState::Text(DispatcherState::Build(std::move(captured)));
   EXPECT_EQ(built, then);
   // The gone worker's stand-in, with its task's host, removed at the end.
   EXPECT_THAT(built, HasSubstr("register_worker { address: \"c:1\" host_id: \"h3\" }"));
