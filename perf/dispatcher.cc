@@ -46,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -300,8 +301,10 @@ struct SimWorker {
 
 struct SimConsumer {
   int64_t client_id = 0;
-  int64_t version = -1;  // touched only by its one heartbeat chain
   Stub* stub = nullptr;
+  // Touched only by its one heartbeat chain.
+  int64_t version = -1;
+  absl::flat_hash_set<int64_t> tasks;  // of its iteration, as a client learns them
 };
 
 class Fleet {
@@ -331,6 +334,9 @@ class Fleet {
     }
     return n;
   }
+  // Tasks the simulated consumers know (each must learn every task of its
+  // iteration, one per worker, before the fleet is up).
+  int64_t tasks_known() const { return tasks_known_.load(); }
   int64_t errors() const { return errors_.load(); }
   std::string last_error() {
     absl::MutexLock l(&error_mu_);
@@ -363,7 +369,7 @@ class Fleet {
   Scheduler sched_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> in_flight_{0};
-  std::atomic<int64_t> registered_{0}, errors_{0};
+  std::atomic<int64_t> registered_{0}, errors_{0}, tasks_known_{0};
   std::atomic<int64_t> worker_heartbeats_{0}, client_heartbeats_{0}, splits_{0};
   absl::Mutex error_mu_;
   std::string last_error_ ABSL_GUARDED_BY(error_mu_);
@@ -599,6 +605,10 @@ void Fleet::ClientHeartbeat(SimConsumer* c) {
           client_late.Add(ms - static_cast<double>(q.wait_ms()));
         }
         c->version = r.version();
+        const int64_t before = static_cast<int64_t>(c->tasks.size());
+        if (!r.tasks_delta()) c->tasks.clear();
+        for (const proto::TaskInfo& t : r.tasks()) c->tasks.insert(t.task_id());
+        tasks_known_ += static_cast<int64_t>(c->tasks.size()) - before;
         sched_.Now([this, c] { ClientHeartbeat(c); });
       });
 }
@@ -881,6 +891,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     bool ran = false;
     std::string error;
     double setup_s = 0, warmup_s = 0, seconds = 0;
+    double workers_up_s = -1;  // when the workers held every task (the consumers knew them at warmup_s)
     int64_t registered = 0, tasks = 0;
     double lost_in_warmup = 0, lost = 0;
     double cpu_cores = 0, sim_cpu_cores = 0;
@@ -907,32 +918,36 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
         fr.error = OneLine(s);
       } else {
         fleet.StartHeartbeats();
+        // Up when every worker holds its tasks (one per job) and every
+        // consumer knows every task of its iteration (one per worker).
         const int64_t want_tasks = int64_t{fo.workers} * fo.jobs;
+        const int64_t want_known = int64_t{fo.consumers} * fo.workers;
         const auto w0 = SteadyClock::now();
         double last_print = 0;
-        while (fleet.registered() < fo.workers || fleet.tasks_held() < want_tasks) {
+        while (fleet.registered() < fo.workers || fleet.tasks_held() < want_tasks ||
+               fleet.tasks_known() < want_known) {
           const double el = MsSince(w0) / 1000;
+          if (fr.workers_up_s < 0 && fleet.tasks_held() >= want_tasks) fr.workers_up_s = el;
+          const std::string progress = absl::StrCat(
+              fleet.registered(), "/", fo.workers, " workers registered, ", fleet.tasks_held(),
+              "/", want_tasks, " tasks held, ", fleet.tasks_known(), "/", want_known,
+              " tasks known to the consumers");
           if (el > fo.warmup_timeout_s) {
-            fr.error = absl::StrCat("warm-up: after ", fo.warmup_timeout_s, " s, ",
-                                    fleet.registered(), " of ", fo.workers, " workers registered, ",
-                                    fleet.tasks_held(), " of ", want_tasks,
-                                    " tasks held; last error: ", fleet.last_error());
+            fr.error = absl::StrCat("warm-up: after ", fo.warmup_timeout_s, " s, ", progress,
+                                    "; last error: ", fleet.last_error());
             break;
           }
           if (el - last_print >= 5) {
             last_print = el;
-            std::fprintf(stderr,
-                         "fleet: warm-up %.0f s: %lld/%d workers registered, %lld/%lld tasks held, "
-                         "%.0f workers lost so far\n",
-                         el, static_cast<long long>(fleet.registered()), fo.workers,
-                         static_cast<long long>(fleet.tasks_held()),
-                         static_cast<long long>(want_tasks),
+            std::fprintf(stderr, "fleet: warm-up %.0f s: %s, %.0f workers lost so far\n", el,
+                         progress.c_str(),
                          Metric(ReadMetrics(d->metrics_port), "sluice_dispatcher_lost_workers_total",
                                 0));
           }
           absl::SleepFor(absl::Milliseconds(100));
         }
         fr.warmup_s = MsSince(w0) / 1000;
+        if (fr.workers_up_s < 0 && fr.error.empty()) fr.workers_up_s = fr.warmup_s;
         fr.registered = fleet.registered();
         fr.tasks = fleet.tasks_held();
         fr.lost_in_warmup = ReadUsage(*d).lost_workers;
@@ -1029,10 +1044,12 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
                 "each), %.3g split(s)/s per worker, heartbeats every %lld ms, %d connections\n",
                 fo.workers, fo.consumers, fo.jobs, fo.consumers / fo.jobs, fo.splits_per_worker_s,
                 static_cast<long long>(fo.heartbeat_ms), fo.connections);
-    std::printf("  setup %.1f s, warm-up %.1f s (%lld workers registered, %lld tasks held, %.0f "
-                "workers declared lost and back)\n",
+    std::printf("  setup %.1f s, warm-up %.1f s (%lld workers registered, %lld tasks held by "
+                "%.1f s, every consumer knowing its iteration's tasks by %.1f s; %.0f workers "
+                "declared lost and back)\n",
                 fr.setup_s, fr.warmup_s, static_cast<long long>(fr.registered),
-                static_cast<long long>(fr.tasks), fr.lost_in_warmup);
+                static_cast<long long>(fr.tasks), fr.workers_up_s, fr.warmup_s,
+                fr.lost_in_warmup);
     if (fr.seconds > 0) {
       std::printf("  measured %.0f s: dispatcher %.2f cores (simulator %.2f), RSS %.0f MiB "
                   "(peak %.0f MiB)\n",
@@ -1061,6 +1078,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     j.Add("workers", fo.workers).Add("consumers", fo.consumers).Add("jobs", fo.jobs);
     j.Add("splits_per_worker_s", fo.splits_per_worker_s).Add("connections", fo.connections);
     j.Add("setup_s", fr.setup_s).Add("warmup_s", fr.warmup_s).Add("seconds", fr.seconds);
+    j.Add("workers_up_s", fr.workers_up_s);
     j.Add("registered", fr.registered).Add("tasks", fr.tasks);
     j.Add("lost_in_warmup", fr.lost_in_warmup).Add("lost_workers", fr.lost);
     j.Add("dispatcher_cores", fr.cpu_cores).Add("simulator_cores", fr.sim_cpu_cores);
