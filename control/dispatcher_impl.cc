@@ -318,9 +318,9 @@ absl::StatusOr<DispatcherImpl::PollFn> DispatcherImpl::WorkerHeartbeatPoll(
       proto::JournalRecord delivered;
       proto::TasksDeliveredUpdate* d = delivered.add_updates()->mutable_tasks_delivered();
       d->set_worker_address(addr);
-      for (const proto::TaskDef& def : wit->second.undelivered) {
-        d->add_task_ids(def.task_id());
-        *resp->add_new_tasks() = def;
+      for (int64_t id : wit->second.undelivered) {
+        d->add_task_ids(id);
+        SLUICE_RETURN_IF_ERROR(state_.TaskDefOf(id, resp->add_new_tasks()));
       }
       SLUICE_RETURN_IF_ERROR(RecordLocked(delivered));
     }

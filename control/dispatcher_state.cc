@@ -147,26 +147,14 @@ absl::Status DispatcherState::CreateTask(const proto::CreateTaskUpdate& u, Chang
   t.iteration_id = it.id;
   t.worker = w.address;
   t.host_id = w.host_id;
-  proto::TaskDef def;
-  def.set_task_id(t.id);
-  def.set_iteration_id(it.id);
-  def.set_dataset_id(job.dataset_id);
-  *def.mutable_dataset() = datasets_.at(job.dataset_id).def;
-  def.set_processing_mode(job.mode);
-  def.set_worker_index(w.index);
-  def.set_split_tracked(job.split_tracked);
-  if (StaticShardingOf(job.mode)) {
-    t.shard = w.index;
-    def.set_num_shards(shard_claims_.size());
-  }
-  def.set_num_consumers(job.num_consumers);
+  if (StaticShardingOf(job.mode)) t.shard = w.index;
   if (u.pending()) {
     // Joins at a round every consumer agrees to (CoordinatedRounds).
     t.pending = true;
     if (it.pending_tasks.empty()) c.joining.push_back(it.id);
     it.pending_tasks.push_back(t.id);
   }
-  w.undelivered.push_back(std::move(def));
+  w.undelivered.push_back(t.id);
   c.workers.insert(w.address);
   w.tasks.insert(t.id);
   it.tasks.insert(t.id);
@@ -185,10 +173,30 @@ absl::Status DispatcherState::TasksDelivered(const proto::TasksDeliveredUpdate& 
     if (t != tasks_.end()) t->second.delivered = true;
   }
   auto& undelivered = workers_.at(u.worker_address()).undelivered;
-  undelivered.erase(
-      std::remove_if(undelivered.begin(), undelivered.end(),
-                     [&ids](const proto::TaskDef& d) { return ids.count(d.task_id()); }),
-      undelivered.end());
+  undelivered.erase(std::remove_if(undelivered.begin(), undelivered.end(),
+                                   [&ids](int64_t id) { return ids.count(id) > 0; }),
+                    undelivered.end());
+  return absl::OkStatus();
+}
+
+absl::Status DispatcherState::TaskDefOf(int64_t id, proto::TaskDef* def) const {
+  auto t = tasks_.find(id);
+  if (t == tasks_.end()) return absl::NotFoundError(absl::StrCat("task ", id, " not found"));
+  const Task& task = t->second;
+  const Iteration& it = iterations_.at(task.iteration_id);
+  const Job& job = jobs_.at(it.job_id);
+  def->set_task_id(id);
+  def->set_iteration_id(it.id);
+  def->set_dataset_id(job.dataset_id);
+  *def->mutable_dataset() = datasets_.at(job.dataset_id).def;
+  def->set_processing_mode(job.mode);
+  // Its worker's index: the task's shard under static sharding, otherwise
+  // the worker's (a task lives no longer than its worker's registration).
+  auto w = workers_.find(task.worker);
+  def->set_worker_index(task.shard >= 0 ? task.shard : w != workers_.end() ? w->second.index : 0);
+  def->set_split_tracked(job.split_tracked);
+  if (StaticShardingOf(job.mode)) def->set_num_shards(shard_claims_.size());
+  def->set_num_consumers(job.num_consumers);
   return absl::OkStatus();
 }
 
@@ -261,6 +269,7 @@ absl::Status DispatcherState::CollectIteration(const proto::CollectIterationUpda
     auto w = workers_.find(t->second.worker);
     if (w != workers_.end()) {
       w->second.tasks.erase(id);
+      std::erase(w->second.undelivered, id);  // never sent now
       c.collected_tasks.emplace_back(w->first, id);
       c.workers.insert(w->first);
     }

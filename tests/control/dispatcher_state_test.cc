@@ -49,8 +49,10 @@ std::string Indexes(const DispatcherState& s) {
   }
   for (const auto& [addr, w] : s.workers()) {
     absl::StrAppend(&out, "worker ", addr, " tasks=", absl::StrJoin(w.tasks, ","), " undelivered=");
-    for (const auto& d : w.undelivered) {
-      absl::StrAppend(&out, d.task_id(), "/", d.worker_index(), "/", d.num_shards(), ",");
+    for (int64_t id : w.undelivered) {
+      proto::TaskDef d;
+      absl::Status st = s.TaskDefOf(id, &d);
+      absl::StrAppend(&out, id, "/", d.worker_index(), "/", d.num_shards(), "/", st.ToString(), ",");
     }
     absl::StrAppend(&out, "\n");
   }
@@ -122,9 +124,15 @@ TEST_F(DispatcherStateTest, ATaskIsQueuedForItsWorkerUntilDelivered) {
   EXPECT_EQ(changes_.visible[0].iteration, 3);
   EXPECT_THAT(changes_.visible[0].tasks, ElementsAre(4));
   const auto& w = state_.workers().at("a:1");
-  ASSERT_EQ(w.undelivered.size(), 1u);
-  EXPECT_EQ(w.undelivered[0].dataset_id(), "ds");
-  EXPECT_EQ(w.undelivered[0].iteration_id(), 3);
+  EXPECT_THAT(w.undelivered, ElementsAre(4));
+  proto::TaskDef def;
+  ASSERT_OK(state_.TaskDefOf(4, &def));
+  EXPECT_EQ(def.task_id(), 4);
+  EXPECT_EQ(def.dataset_id(), "ds");
+  EXPECT_EQ(def.iteration_id(), 3);
+  EXPECT_EQ(def.dataset().SerializeAsString(), state_.datasets().at("ds").def.SerializeAsString());
+  EXPECT_EQ(def.worker_index(), w.index);
+  EXPECT_EQ(state_.TaskDefOf(99, &def).code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(w.tasks, ElementsAre(4));
   EXPECT_THAT(state_.iterations().at(3).tasks, ElementsAre(4));
   ASSERT_OK(Apply("tasks_delivered { worker_address: 'a:1' task_ids: 4 }"));
@@ -174,6 +182,8 @@ TEST_F(DispatcherStateTest, CollectingDeletesTasksOnWorkersAndDroppingForgetsThe
   EXPECT_EQ(changes_.collected_tasks[0], std::make_pair(std::string("a:1"), int64_t{4}));
   EXPECT_THAT(state_.tasks(), IsEmpty());
   EXPECT_THAT(state_.workers().at("a:1").tasks, IsEmpty());
+  // Never delivered now (and a snapshot of this state has no such task).
+  EXPECT_THAT(state_.workers().at("a:1").undelivered, IsEmpty());
   EXPECT_TRUE(state_.iterations().at(3).collected);
   EXPECT_EQ(state_.counts().collected_iterations, 1);
   ASSERT_OK(Apply("drop_job { job_id: 2 }"));
@@ -277,7 +287,10 @@ TEST_F(DispatcherStateTest, StaticShardingClaimsShardsAndWaitsForEveryShard) {
   Basic("FILE_SHARDING");
   EXPECT_EQ(state_.shard_claims().holders(), (std::vector<std::string>{"a:1", "b:1"}));
   ASSERT_OK(Apply("create_task { task_id: 4 iteration_id: 3 worker_address: 'a:1' }"));
-  EXPECT_EQ(state_.workers().at("a:1").undelivered[0].num_shards(), 2);
+  proto::TaskDef def;
+  ASSERT_OK(state_.TaskDefOf(state_.workers().at("a:1").undelivered.at(0), &def));
+  EXPECT_EQ(def.num_shards(), 2);
+  EXPECT_EQ(def.worker_index(), 0);
   EXPECT_EQ(state_.tasks().at(4).shard, 0);
   ASSERT_OK(Apply("finish_task { task_id: 4 }"));
   EXPECT_FALSE(state_.iterations().at(3).finished);  // shard 1 was not read
