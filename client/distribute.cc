@@ -992,6 +992,7 @@ Dataset DistributeDataset(const Dataset& input, const DistributeOptions& options
   if (s.ok() && ContainsDataService(*input.rep()->analysis)) {
     s = absl::InvalidArgumentError("Distribute: the pipeline already contains a Distribute");
   }
+  if (s.ok()) s = internal::CheckWireDepth(input.def(), "Distribute");
   if (!s.ok()) return internal::MakeErrorDataset(std::move(s));
   proto::DatasetNode n = MakeNode(options);
   *n.mutable_data_service()->mutable_dataset() = input.def();
@@ -1033,6 +1034,7 @@ absl::StatusOr<std::string> RegisterWith(const std::string& service, const Datas
     return absl::InvalidArgumentError(
         "RegisterDataset: the pipeline contains a Distribute; register the part before it");
   }
+  SLUICE_RETURN_IF_ERROR(internal::CheckWireDepth(dataset.def(), "RegisterDataset"));
   SLUICE_ASSIGN_OR_RETURN(std::string address, internal::ParseServiceAddress(service));
   SLUICE_ASSIGN_OR_RETURN(auto channel, internal::MakeSecureChannel(address, security));
   auto stub = proto::DispatcherService::NewStub(channel);

@@ -35,7 +35,8 @@ absl::Status CheckRegisterDataset(const proto::RegisterDatasetRequest& req) {
         "RegisterDataset: dataset id '", absl::CHexEscape(id.substr(0, kMaxDatasetIdBytes)),
         "' must be 1-", kMaxDatasetIdBytes, " characters of [A-Za-z0-9._-]"));
   }
-  return absl::OkStatus();
+  // Journaled, it must parse again when the dispatcher restarts.
+  return CheckWireDepth(req.dataset(), "RegisterDataset");
 }
 
 absl::StatusOr<std::string> ResolveDatasetId(const DispatcherState& state,

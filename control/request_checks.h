@@ -20,8 +20,9 @@
 
 namespace sluice::internal {
 
-// RegisterDataset: a version-1 definition with a root op, and a
-// caller-chosen id (if any) of 1-128 bytes of [A-Za-z0-9._-].
+// RegisterDataset: a version-1 definition with a root op, no deeper than
+// its journal record can carry (CheckWireDepth), and a caller-chosen id
+// (if any) of 1-128 bytes of [A-Za-z0-9._-].
 absl::Status CheckRegisterDataset(const proto::RegisterDatasetRequest& req);
 // The registered dataset `id`, or NotFound naming it.
 absl::StatusOr<const DispatcherState::Dataset*> FindDataset(const DispatcherState& state,

@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace sluice::internal {
 namespace {
@@ -75,6 +76,22 @@ std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode) {
     case proto::HINT_SHARDING: return StaticSharding::kHint;
     default: return std::nullopt;
   }
+}
+
+absl::Status CheckWireDepth(const proto::DatasetDef& def, const char* what) {
+  // Parsed back under the limit the deepest envelope leaves it: exactly
+  // protobuf's own count of nesting, whatever the ops and expressions.
+  const std::string bytes = def.SerializeAsString();
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  in.SetRecursionLimit(kMaxWireDatasetDepth);
+  proto::DatasetDef probe;
+  if (probe.MergeFromCodedStream(&in) && in.ConsumedEntireMessage()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": the pipeline nests deeper than the service carries (", kMaxWireDatasetDepth,
+      " nested protobuf messages: about 45 chained ops, or an expression about 90 operations "
+      "deep). Fold chained Maps into one Map of a compound expression, or balance a long "
+      "expression (a sum of many terms as a tree, not a chain)"));
 }
 
 }  // namespace sluice::internal

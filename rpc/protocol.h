@@ -34,4 +34,16 @@ std::string LocalHostId();
 // The static sharding policy of a mode; nullopt for the epoch modes.
 std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode);
 
+// How deep a dataset definition may nest and still cross the service.
+// Protobuf parses at most 100 nested messages (gRPC's parser and the
+// journal's use that default), and the deepest place a definition travels
+// is a journal record (JournalRecord > JournalUpdate >
+// RegisterDatasetUpdate > DatasetDef). A chained op nests two levels, so
+// about 45 chained ops, or one expression about 90 operations deep.
+inline constexpr int kMaxWireDatasetDepth = 100 - 3;
+// InvalidArgument, naming `what` and the limit, when `def` nests deeper
+// than kMaxWireDatasetDepth (the service would refuse it with an empty
+// INTERNAL error from gRPC's parser).
+absl::Status CheckWireDepth(const proto::DatasetDef& def, const char* what);
+
 }  // namespace sluice::internal

@@ -386,6 +386,22 @@ TEST_F(DispatcherImplTest, RegisterDatasetDeduplicatesIdenticalDefinitions) {
   EXPECT_EQ(e, e2);
 }
 
+// A definition gRPC's parser still takes (100 nested messages) but a
+// journal record could not carry: refused, or the dispatcher would not
+// start again on its journal.
+TEST_F(DispatcherImplTest, RegisterDatasetRefusesADefinitionTooDeepForItsJournal) {
+  auto chain = [](int maps) {
+    Dataset d = Dataset::Range(3);
+    for (int i = 0; i < maps; ++i) d = d.Map(x + 1);
+    return d;
+  };
+  int deepest = 0;
+  while (CheckWireDepth(chain(deepest + 1).def(), "test").ok()) ++deepest;
+  ASSERT_OK(Register(chain(deepest).def()));
+  EXPECT_STATUS(Register(chain(deepest + 1).def()), absl::StatusCode::kInvalidArgument,
+                "RegisterDataset: the pipeline nests deeper than the service carries");
+}
+
 // tf.data's register_dataset(dataset_id=...): the caller names it.
 TEST_F(DispatcherImplTest, RegisterDatasetUnderAnExplicitId) {
   ASSERT_OK_AND_ASSIGN(std::string id, Register(Dataset::Range(5).def(), "train.v1_a-b"));

@@ -33,6 +33,7 @@
 #include "sluice/dataset/thread_pool.h"
 #include "sluice/dataset/udf.h"
 #include "sluice/dataset/webdataset.h"
+#include "sluice/rpc/protocol.h"
 #include "sluice/worker/task_runner.h"
 #include "sluice/worker/worker_server.h"
 #include "tests/dataset/dataset_test_util.h"
@@ -2028,6 +2029,48 @@ TEST(LostReplyTest, CoordinatedRoundsWhoseRepliesWereLostArriveExactlyOnce) {
     worker->Stop();
     dispatcher->Stop();
   }
+}
+
+// Protobuf parses at most 100 nested messages, and gRPC's parser and the
+// journal's keep that limit: a pipeline as deep as the check lets through
+// is served, journaled and replayed; one op more is refused at Distribute
+// with a message (the service answered it with an empty INTERNAL error).
+TEST_P(ServiceTest, APipelineAsDeepAsTheWireCarriesIsServedAndADeeperOneIsRefusedClearly) {
+  sluice_test::TempDir dir;
+  DispatcherConfig dc;
+  dc.fault_tolerant_mode = true;
+  dc.work_dir = dir.path();
+  StartService(1, dc);
+  auto chain = [](int maps) {
+    Dataset d = Dataset::Range(3);
+    for (int i = 0; i < maps; ++i) d = d.Map(x + 1);
+    return d;
+  };
+  int deepest = 0;
+  while (internal::CheckWireDepth(chain(deepest + 1).def(), "test").ok()) ++deepest;
+  EXPECT_GE(deepest, 40);
+  ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
+                         return CollectScalars<int64_t>(chain(deepest).Apply(Distribute(Options())));
+                       }));
+  EXPECT_THAT(v, ::testing::UnorderedElementsAre(deepest, deepest + 1, deepest + 2));
+  // The journal holds it: a dispatcher started on it knows the definition.
+  ASSERT_OK_AND_ASSIGN(const std::string id, RegisterDataset(chain(deepest), Options()));
+  for (auto& w : workers_) w->Stop();
+  workers_.clear();
+  dispatcher_.reset();  // closes the journal
+  dc.metrics_port = 0;
+  StartDispatcher(dc);  // replays it
+  auto metrics = sluice_test::HttpGet(dispatcher_->metrics_port(), "/metrics");
+  ASSERT_OK(metrics);
+  EXPECT_EQ(sluice_test::SampleValue(metrics->body, "sluice_dispatcher_datasets"), 1);
+  ASSERT_OK_AND_ASSIGN(const std::string again, RegisterDataset(chain(deepest), Options()));
+  EXPECT_EQ(again, id);
+
+  Dataset deeper = chain(deepest + 1).Apply(Distribute(Options()));
+  EXPECT_EQ(deeper.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(deeper.status().message(), ::testing::HasSubstr("nests deeper than the service carries"));
+  EXPECT_EQ(RegisterDataset(chain(deepest + 1), Options()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServiceTest, ::testing::Values("grpc", "ucx"),
