@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -57,6 +58,7 @@
 #include "sluice/core/status.h"
 #include "sluice/rpc/grpc_util.h"
 #include "sluice/dataset/dataset.h"
+#include "sluice/dataset/expr.h"
 
 namespace sluice::perf {
 namespace {
@@ -115,17 +117,29 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
 }
 
-// Registers Range(first, 2^40) (a different `first` per job: datasets are
-// deduplicated by fingerprint) and the job `name` over it; its job id.
+// Range(first, 2^40) (a different `first` per job: datasets are
+// deduplicated by fingerprint) and `map_ops` Maps after it: a definition of
+// a pipeline's size (nothing here runs it).
+Dataset FleetDataset(int64_t first, int map_ops) {
+  using expr::x;
+  Dataset d = Dataset::Range(first, int64_t{1} << 40);
+  for (int i = 0; i < map_ops; ++i) d = d.Map(x * 3 + i);
+  return d;
+}
+
+// Registers FleetDataset(first, map_ops) and the job `name` over it; its
+// job id.
 absl::StatusOr<int64_t> CreateJob(Stub* stub, int64_t first, proto::ProcessingMode mode,
-                                  const std::string& name) {
+                                  const std::string& name, int map_ops = 0) {
   proto::RegisterDatasetRequest rreq;
-  *rreq.mutable_dataset() = Dataset::Range(first, int64_t{1} << 40).def();
+  *rreq.mutable_dataset() = FleetDataset(first, map_ops).def();
   proto::RegisterDatasetResponse rresp;
   grpc::ClientContext rctx;
   SetDeadline(&rctx, absl::Seconds(30));
   grpc::Status s = stub->RegisterDataset(&rctx, rreq, &rresp);
-  if (!s.ok()) return absl::InternalError(absl::StrCat("RegisterDataset: ", s.error_message()));
+  if (!s.ok()) {
+    return absl::InternalError(absl::StrCat("RegisterDataset: ", s.error_code(), " ", s.error_message()));
+  }
   proto::GetOrCreateJobRequest jreq;
   jreq.set_dataset_id(rresp.dataset_id());
   jreq.set_processing_mode(mode);
@@ -281,6 +295,7 @@ struct FleetOptions {
   double splits_per_worker_s = 1;
   int64_t heartbeat_ms = 1000;
   int connections = 64;
+  int map_ops = 0;  // Maps in each job's dataset definition (FleetDataset)
   double seconds = 0;
   double warmup_timeout_s = 300;
 };
@@ -402,7 +417,8 @@ absl::Status Fleet::Setup() {
   for (int j = 0; j < o_.jobs; ++j) {
     SLUICE_ASSIGN_OR_RETURN(job_ids[static_cast<size_t>(j)],
                             CreateJob(stubs_[static_cast<size_t>(j) % stubs_.size()].get(), j,
-                                      proto::DISTRIBUTED_EPOCH, absl::StrCat("fleet-job-", j)));
+                                      proto::DISTRIBUTED_EPOCH, absl::StrCat("fleet-job-", j),
+                                      o_.map_ops));
   }
   consumers_.resize(static_cast<size_t>(o_.consumers));
   std::atomic<int> next{0};
@@ -855,6 +871,7 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
   fo.jobs = a.jobs > 0 ? a.jobs : quick ? 20 : 200;
   fo.splits_per_worker_s = a.splits_per_worker_s;
   fo.connections = a.connections;
+  fo.map_ops = a.map_ops;
   fo.seconds = a.seconds > 0 ? a.seconds : quick ? 10 : 60;
   const double rate_seconds = a.rate_seconds > 0 ? a.rate_seconds : quick ? 2 : 5;
   if (fo.jobs > fo.consumers) {
@@ -901,6 +918,8 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     double wl[3] = {0, 0, 0}, cl[3] = {0, 0, 0}, gs[3] = {0, 0, 0}, rp[3] = {0, 0, 0};
     int64_t errors = 0;
     std::string last_error;
+    int64_t journal_bytes = 0, restart_peak_rss = 0;  // the restart from the journal
+    double restart_s = 0;
   } fr;
   if (!a.no_fleet) {
     auto d = StartDispatcherProcess(binary, scratch.path(), "fleet", {}, env);
@@ -999,6 +1018,26 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
       }
       d->child->KillAndReap();  // fails the long polls in flight at once
       fleet.Stop(absl::Seconds(30));
+      if (fr.error.empty() && fr.seconds > 0) {
+        // The restart: a new process replays the journal of the one just
+        // killed; it writes its port file once it serves.
+        std::error_code ec;
+        for (const auto& f : std::filesystem::directory_iterator(d->work_dir, ec)) {
+          fr.journal_bytes += static_cast<int64_t>(f.file_size(ec));
+        }
+        const std::string log = absl::StrCat(scratch.path(), "/fleet.log");
+        std::filesystem::rename(log, absl::StrCat(scratch.path(), "/fleet-before-restart.log"), ec);
+        std::filesystem::remove(absl::StrCat(scratch.path(), "/fleet.port"), ec);
+        const auto r0 = SteadyClock::now();
+        auto r = StartDispatcherProcess(binary, scratch.path(), "fleet", {}, env);
+        if (r.ok()) {
+          fr.restart_s = MsSince(r0) / 1000;
+          fr.restart_peak_rss = ProcPeakRss(absl::StrCat(r->child->pid())).value_or(0);
+          r->child->KillAndReap();
+        } else {
+          fr.error = absl::StrCat("restart from the journal: ", OneLine(r.status()));
+        }
+      }
     }
     if (!fr.error.empty()) {
       std::fprintf(stderr, "sluice-perf: dispatcher fleet: %s\n", fr.error.c_str());
@@ -1044,6 +1083,8 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
                 "each), %.3g split(s)/s per worker, heartbeats every %lld ms, %d connections\n",
                 fo.workers, fo.consumers, fo.jobs, fo.consumers / fo.jobs, fo.splits_per_worker_s,
                 static_cast<long long>(fo.heartbeat_ms), fo.connections);
+    std::printf("  each job's dataset definition: %zu bytes (Range and %d Map(s), --map_ops)\n",
+                FleetDataset(0, fo.map_ops).def().ByteSizeLong(), fo.map_ops);
     std::printf("  setup %.1f s, warm-up %.1f s (%lld workers registered, %lld tasks held by "
                 "%.1f s, every consumer knowing its iteration's tasks by %.1f s; %.0f workers "
                 "declared lost and back)\n",
@@ -1074,6 +1115,12 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
       std::printf("  errors: %lld%s%s\n", static_cast<long long>(fr.errors),
                   fr.errors > 0 ? ", e.g. " : "", fr.errors > 0 ? fr.last_error.c_str() : "");
     }
+    if (fr.restart_s > 0) {
+      std::printf("  restart (killed, then a new process replays its journal of %.1f MiB): "
+                  "serving after %.2f s, peak RSS %.0f MiB\n",
+                  static_cast<double>(fr.journal_bytes) / kMiB, fr.restart_s,
+                  static_cast<double>(fr.restart_peak_rss) / kMiB);
+    }
     JsonObject j;
     j.Add("workers", fo.workers).Add("consumers", fo.consumers).Add("jobs", fo.jobs);
     j.Add("splits_per_worker_s", fo.splits_per_worker_s).Add("connections", fo.connections);
@@ -1095,6 +1142,8 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
       j.Add(absl::StrCat("report_ms_", pn[i]), fr.rp[i]);
     }
     j.Add("errors", fr.errors).Add("error", fr.error);
+    j.Add("map_ops", fo.map_ops).Add("journal_bytes", fr.journal_bytes);
+    j.Add("restart_s", fr.restart_s).Add("restart_peak_rss_bytes", fr.restart_peak_rss);
     report.fields.emplace_back("fleet", j.str());
     report.notes.push_back(
         "targets (issue: control plane v2): with 2,000 workers and 2,000 consumers the dispatcher "

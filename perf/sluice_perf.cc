@@ -240,6 +240,11 @@ int Main(int argc, char** argv) {
                          "gRPC connections the simulated fleet spreads over")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  dispatcher->add_option("--map_ops", da.map_ops,
+                         "Maps after each job's Range: a dataset definition of a real "
+                         "pipeline's size (the fleet never runs it)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000));
   dispatcher->add_option("--seconds", da.seconds, "fleet measurement (default 60; 10 quick)");
   dispatcher->add_option("--rate_seconds", da.rate_seconds,
                          "each calls/s row (default 5; 2 quick)");

@@ -228,6 +228,7 @@ struct DispatcherArgs {
   int jobs = 0;                   // 0: by mode (200; 20 quick)
   double splits_per_worker_s = 1;
   int connections = 64;           // gRPC connections the simulated fleet shares
+  int map_ops = 0;                // Maps in each job's dataset definition
   double seconds = 0;             // fleet measurement (0: 60 s; 10 quick)
   double rate_seconds = 0;        // each calls/s row (0: 5 s; 2 quick)
   std::vector<int> callers = {1, 64};
