@@ -190,10 +190,10 @@ absl::Status DispatcherState::TaskDefOf(int64_t id, proto::TaskDef* def) const {
   def->set_dataset_id(job.dataset_id);
   *def->mutable_dataset() = datasets_.at(job.dataset_id).def;
   def->set_processing_mode(job.mode);
-  // Its worker's index: the task's shard under static sharding, otherwise
-  // the worker's (a task lives no longer than its worker's registration).
+  // The index its worker registered with (its shard under static sharding;
+  // a gone worker's task, never sent, keeps its shard).
   auto w = workers_.find(task.worker);
-  def->set_worker_index(task.shard >= 0 ? task.shard : w != workers_.end() ? w->second.index : 0);
+  def->set_worker_index(w != workers_.end() ? w->second.index : std::max<int64_t>(task.shard, 0));
   def->set_split_tracked(job.split_tracked);
   if (StaticShardingOf(job.mode)) def->set_num_shards(shard_claims_.size());
   def->set_num_consumers(job.num_consumers);

@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace sluice::internal {
 namespace {
@@ -78,15 +80,32 @@ std::optional<StaticSharding> StaticShardingOf(proto::ProcessingMode mode) {
   }
 }
 
+namespace {
+
+// Whether `m` nests at most `budget` embedded messages deep, as protobuf's
+// parser counts them (the top message not counted); walks without a copy.
+bool WithinDepth(const google::protobuf::Message& m, int budget) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (budget == 0) return false;
+    if (f->is_repeated()) {
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        if (!WithinDepth(r->GetRepeatedMessage(m, f, i), budget - 1)) return false;
+      }
+    } else if (!WithinDepth(r->GetMessage(m, f), budget - 1)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::Status CheckWireDepth(const proto::DatasetDef& def, const char* what) {
-  // Parsed back under the limit the deepest envelope leaves it: exactly
-  // protobuf's own count of nesting, whatever the ops and expressions.
-  const std::string bytes = def.SerializeAsString();
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                            static_cast<int>(bytes.size()));
-  in.SetRecursionLimit(kMaxWireDatasetDepth);
-  proto::DatasetDef probe;
-  if (probe.MergeFromCodedStream(&in) && in.ConsumedEntireMessage()) return absl::OkStatus();
+  if (WithinDepth(def, kMaxWireDatasetDepth)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       what, ": the pipeline nests deeper than the service carries (", kMaxWireDatasetDepth,
       " nested protobuf messages: about 45 chained ops, or an expression about 90 operations "
