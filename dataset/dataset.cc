@@ -3,6 +3,7 @@
 #include "sluice/dataset/dataset.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -271,9 +272,21 @@ absl::StatusOr<Dataset> Dataset::FromDef(const proto::DatasetDef& def) {
 }
 
 absl::StatusOr<Dataset> Dataset::Deserialize(const std::string& bytes) {
+  // Deeper than protobuf's default of 100 nested messages: a local pipeline
+  // of 50 chained ops serializes, so it must come back (the service's own
+  // limit is kMaxWireDatasetDepth, checked at Distribute).
+  constexpr int kMaxDepth = 2000;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError("cannot parse the dataset definition (over 2 GiB)");
+  }
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  in.SetRecursionLimit(kMaxDepth);
   proto::DatasetDef def;
-  if (!def.ParseFromString(bytes)) {
-    return absl::InvalidArgumentError("cannot parse the dataset definition (corrupt bytes)");
+  if (!def.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot parse the dataset definition (corrupt bytes, or nested deeper than ", kMaxDepth,
+        " messages)"));
   }
   return FromDef(def);
 }

@@ -573,6 +573,18 @@ TEST(DatasetTest, SerializeDeserializeRoundTripRunsTheSamePipeline) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(ElementsEqual(a[i], b[i])) << i;
 }
 
+// Protobuf parses 100 nested messages by default; a local pipeline may nest
+// deeper (each chained op is two levels) and still come back.
+TEST(DatasetTest, ADeepPipelineSerializesAndComesBack) {
+  Dataset ds = Dataset::Range(3);
+  for (int i = 0; i < 300; ++i) ds = ds.Map(x + 1);
+  ASSERT_OK_AND_ASSIGN(std::string bytes, ds.Serialize());
+  ASSERT_OK_AND_ASSIGN(Dataset copy, Dataset::Deserialize(bytes));
+  EXPECT_EQ(copy.Fingerprint(), ds.Fingerprint());
+  ASSERT_OK_AND_ASSIGN(auto v, CollectScalars<int64_t>(copy));
+  EXPECT_THAT(v, ::testing::ElementsAre(300, 301, 302));
+}
+
 TEST(DatasetTest, FingerprintIsStableAndSensitive) {
   uint64_t f1 = Dataset::Range(10).Map(x * 2).Batch(3).Fingerprint();
   uint64_t f2 = Dataset::Range(10).Map(x * 2).Batch(3).Fingerprint();
