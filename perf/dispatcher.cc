@@ -138,7 +138,8 @@ absl::StatusOr<int64_t> CreateJob(Stub* stub, int64_t first, proto::ProcessingMo
   SetDeadline(&rctx, absl::Seconds(30));
   grpc::Status s = stub->RegisterDataset(&rctx, rreq, &rresp);
   if (!s.ok()) {
-    return absl::InternalError(absl::StrCat("RegisterDataset: ", s.error_code(), " ", s.error_message()));
+    return absl::InternalError(
+        absl::StrCat("RegisterDataset: code ", s.error_code(), ": ", s.error_message()));
   }
   proto::GetOrCreateJobRequest jreq;
   jreq.set_dataset_id(rresp.dataset_id());
@@ -908,7 +909,8 @@ absl::Status RunDispatcher(const DispatcherArgs& a, const std::string& command) 
     bool ran = false;
     std::string error;
     double setup_s = 0, warmup_s = 0, seconds = 0;
-    double workers_up_s = -1;  // when the workers held every task (the consumers knew them at warmup_s)
+    // When the workers held every task (the consumers knew theirs at warmup_s).
+    double workers_up_s = -1;
     int64_t registered = 0, tasks = 0;
     double lost_in_warmup = 0, lost = 0;
     double cpu_cores = 0, sim_cpu_cores = 0;

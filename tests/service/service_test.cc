@@ -2050,7 +2050,8 @@ TEST_P(ServiceTest, APipelineAsDeepAsTheWireCarriesIsServedAndADeeperOneIsRefuse
   while (internal::CheckWireDepth(chain(deepest + 1).def(), "test").ok()) ++deepest;
   EXPECT_GE(deepest, 40);
   ASSERT_OK_AND_ASSIGN(auto v, WithHangGuard([&] {
-                         return CollectScalars<int64_t>(chain(deepest).Apply(Distribute(Options())));
+                         return CollectScalars<int64_t>(
+                             chain(deepest).Apply(Distribute(Options())));
                        }));
   EXPECT_THAT(v, ::testing::UnorderedElementsAre(deepest, deepest + 1, deepest + 2));
   // The journal holds it: a dispatcher started on it knows the definition.
@@ -2068,7 +2069,8 @@ TEST_P(ServiceTest, APipelineAsDeepAsTheWireCarriesIsServedAndADeeperOneIsRefuse
 
   Dataset deeper = chain(deepest + 1).Apply(Distribute(Options()));
   EXPECT_EQ(deeper.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(deeper.status().message(), ::testing::HasSubstr("nests deeper than the service carries"));
+  EXPECT_THAT(deeper.status().message(),
+              ::testing::HasSubstr("nests deeper than the service carries"));
   EXPECT_EQ(RegisterDataset(chain(deepest + 1), Options()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
