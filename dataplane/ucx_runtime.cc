@@ -430,9 +430,10 @@ void Worker::AddTick(std::function<void()> fn) {
   ticks_ = std::move(ticks);
 }
 
-bool Worker::WatchSleeperFds(int op) {
+bool Worker::WatchSleeperFds(int op, bool post_too) {
   bool ok = true;
-  for (int fd : {efd_, post_.fd()}) {
+  for (int fd : {efd_, post_too ? post_.fd() : -1}) {
+    if (fd < 0) continue;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -550,10 +551,13 @@ bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
   // after it.
   if (!RunPosted(false) && EndPass()) {
     // Nothing posted: sleep here, on the fds the progress thread would
-    // sleep on, taken out of its set meanwhile so that an event wakes only
-    // this thread (a progress thread woken anyway waits for the worker,
-    // then finds nothing to do).
-    WatchSleeperFds(EPOLL_CTL_DEL);
+    // sleep on, the worker's taken out of its set meanwhile so that a
+    // reply wakes only this thread (a progress thread woken anyway waits
+    // for the worker, then finds nothing to do). post_ stays in its set:
+    // work posted while a consumer drives is rare across processes (a
+    // request made on another thread), and each epoll_ctl is a system
+    // call on every sleep.
+    WatchSleeperFds(EPOLL_CTL_DEL, /*post_too=*/false);
     slept = true;
     pollfd pfds[3] = {{efd_, POLLIN, 0}, {post_.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
     poll(pfds, wake_fd >= 0 ? 3 : 2, ms);
@@ -567,7 +571,7 @@ bool Worker::Drive(absl::Duration max_wait, int wake_fd) {
   }
   while (!EndPass()) Progress(false);
   // Armed and drained: the progress thread wakes for what comes next.
-  if (slept) WatchSleeperFds(EPOLL_CTL_ADD);
+  if (slept) WatchSleeperFds(EPOLL_CTL_ADD, /*post_too=*/false);
   Release();
   return true;
 }

@@ -174,9 +174,10 @@ class Worker final {
   Worker(std::shared_ptr<Context> ctx, ucp_worker_h h, int efd, int epfd, bool busy_poll)
       : ctx_(std::move(ctx)), h_(h), efd_(efd), epfd_(epfd), busy_poll_(busy_poll) {}
   void Loop();
-  // Adds (EPOLL_CTL_ADD) or removes (EPOLL_CTL_DEL) efd_ and post_ in the
-  // progress thread's epoll set; false if the kernel refused.
-  bool WatchSleeperFds(int op);
+  // Adds (EPOLL_CTL_ADD) or removes (EPOLL_CTL_DEL) efd_, and post_ if
+  // `post_too`, in the progress thread's epoll set; false if the kernel
+  // refused.
+  bool WatchSleeperFds(int op, bool post_too = true);
   // In a pass: BeginPass begins it (false: the worker stopped; `driven`: a
   // consumer's, counted); RunPosted
   // runs posted work and the ticks (true if there was posted work);
