@@ -10,10 +10,14 @@
 //    but before the client read them, gets a task, and its elements arrive;
 //  - a fault-tolerant dispatcher killed (SIGKILL) or stopped (SIGTERM, as a
 //    rolling update does) mid-distributed_epoch and restarted leaves a
-//    client that reads every element once and then ends.
+//    client that reads every element once and then ends;
+//  - (sluice's own) a worker frozen past the dispatcher's timeout, which
+//    then comes back or dies, costs no element and no hang.
 // Labelled `fault`. Timeouts are hang guards only.
 #include <algorithm>
 #include <cstdint>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <ostream>
@@ -26,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "sluice/client/distribute.h"
+#include "sluice/core/tensor.h"
 #include "sluice/dataset/dataset.h"
 #include "sluice/dataset/expr.h"
 #include "tests/service/multiprocess_util.h"
@@ -363,6 +368,101 @@ TEST_P(MembershipTest, TwoConsumersOfASharedJobGetEachElementOnceUnderWorkerKill
   }
   watchdog.Disarm();
   EXPECT_EQ(kills, kWorkerKills);
+}
+
+// A worker that freezes (SIGSTOP: a paused VM or container, a swap storm,
+// a debugger) rather than dies: its connections stay open and say nothing,
+// and a reply may be half sent. The dispatcher declares it lost after
+// worker_timeout_ms, its splits go elsewhere, and the client's requests to
+// it end at their deadline; then it either comes back (SIGCONT, with
+// elements it had made and the client may still receive) or is killed.
+// Elements are 16 KiB (a rendezvous, not an eager reply, over every
+// transport), checked whole. Every epoch, looping, holds each element
+// exactly once and none hangs.
+TEST_P(MembershipTest, FrozenWorkersLoseNothingWhetherTheyComeBackOrDie) {
+  constexpr int64_t kN = 3000;
+  constexpr int64_t kWidth = 2048;  // int64s an element
+  constexpr int kFreezes = 2;      // the first comes back, the second dies
+  constexpr absl::Duration kFrozenFor = absl::Milliseconds(2500);
+  ASSERT_OK(StartCluster(0, {"--worker_timeout_ms", "1500", "--range_split_elements", "50"}, {}));
+  std::vector<ChildProcess*> live;
+  int started = 0;
+  auto spawn_worker = [&](bool wait) {
+    return SpawnWorker(absl::StrCat("frozen", started++), wait, &live);
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_OK(spawn_worker(true));
+  Watchdog watchdog(absl::Seconds(240), "FrozenWorkers", [this] { KillAllChildren(); });
+  DistributeOptions opt = Options("distributed_epoch");
+  opt.dispatcher_timeout_ms = 30000;
+  auto ds = Dataset::Range(kN)
+                .Map(expr::x * 3 + expr::Expr::Constant(
+                                       Tensor::FromVector(std::vector<int64_t>(kWidth, 0))))
+                .Apply(Distribute(opt));
+  ASSERT_OK(ds.status());
+  std::vector<int64_t> expected(kN);
+  for (int64_t i = 0; i < kN; ++i) expected[i] = 3 * i;
+  int freezes = 0, thawed = 0;
+  ChildProcess* frozen = nullptr;
+  absl::Time frozen_at, next_freeze = absl::Now() + absl::Milliseconds(300);
+  absl::Status chaos = absl::OkStatus();
+  uint32_t rng = 777;
+  // Between elements, on this thread: a freeze when due; a thaw or a kill
+  // once the frozen worker is past the dispatcher's timeout.
+  auto maybe_freeze = [&] {
+    if (!chaos.ok()) return;
+    if (frozen != nullptr) {
+      if (absl::Now() - frozen_at < kFrozenFor) return;
+      if (freezes == 1) {
+        frozen->Signal(SIGCONT);
+        ++thawed;
+      } else {
+        frozen->KillAndReap();
+        live.erase(std::find(live.begin(), live.end(), frozen));
+        chaos = spawn_worker(false);
+      }
+      frozen = nullptr;
+      next_freeze = absl::Now() + absl::Milliseconds(700);
+      return;
+    }
+    if (freezes >= kFreezes || absl::Now() < next_freeze) return;
+    rng = rng * 1103515245u + 12345u;
+    frozen = live[(rng >> 16) % live.size()];
+    frozen->Signal(SIGSTOP);
+    frozen_at = absl::Now();
+    ++freezes;
+  };
+  int epochs = 0, clean_epochs = 0;
+  absl::Duration slowest;
+  while (clean_epochs < 2) {
+    ASSERT_LT(epochs, 1000) << "the freezes never happened";
+    SCOPED_TRACE(absl::StrCat("epoch ", epochs, " after ", freezes, " freeze(s)"));
+    const bool churned = freezes < kFreezes || frozen != nullptr;
+    std::vector<int64_t> values;
+    const absl::Time epoch_start = absl::Now();
+    {
+      ASSERT_OK_AND_ASSIGN(auto it, ds.MakeIterator());
+      while (true) {
+        ASSERT_OK_AND_ASSIGN(auto e, it->Next());
+        if (!e.has_value()) break;
+        const Tensor& t = (*e)[0];
+        ASSERT_EQ(t.num_elements(), kWidth);
+        ASSERT_EQ(t.at<int64_t>(0), t.at<int64_t>(kWidth - 1)) << "an element arrived torn";
+        values.push_back(t.at<int64_t>(0));
+        maybe_freeze();
+      }
+    }
+    ASSERT_OK(chaos);
+    std::sort(values.begin(), values.end());
+    ASSERT_EQ(values, expected) << "not every element exactly once";
+    slowest = std::max(slowest, absl::Now() - epoch_start);
+    ++epochs;
+    if (!churned) ++clean_epochs;
+  }
+  watchdog.Disarm();
+  EXPECT_EQ(freezes, kFreezes);
+  EXPECT_EQ(thawed, 1);
+  std::printf("%d epochs exactly once over %d freezes; the slowest took %.2f s\n", epochs,
+              freezes, absl::ToDoubleSeconds(slowest));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, MembershipTest, AllTransports(), TransportName);
