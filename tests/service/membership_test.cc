@@ -15,8 +15,8 @@
 //    then comes back or dies, costs no element and no hang.
 // Labelled `fault`. Timeouts are hang guards only.
 #include <algorithm>
-#include <cstdint>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -374,11 +374,10 @@ TEST_P(MembershipTest, TwoConsumersOfASharedJobGetEachElementOnceUnderWorkerKill
 // a debugger) rather than dies: its connections stay open and say nothing,
 // and a reply may be half sent. The dispatcher declares it lost after
 // worker_timeout_ms, its splits go elsewhere, and the client's requests to
-// it end at their deadline; then it either comes back (SIGCONT, with
-// elements it had made and the client may still receive) or is killed.
-// Elements are 16 KiB (a rendezvous, not an eager reply, over every
-// transport), checked whole. Every epoch, looping, holds each element
-// exactly once and none hangs.
+// it end at their deadline; then it either comes back (SIGCONT) or is
+// killed. Elements are 16 KiB (over UCX a rendezvous, not an eager reply),
+// checked whole. Every epoch, looping, holds each element exactly once and
+// none hangs.
 TEST_P(MembershipTest, FrozenWorkersLoseNothingWhetherTheyComeBackOrDie) {
   constexpr int64_t kN = 3000;
   constexpr int64_t kWidth = 2048;  // int64s an element
