@@ -252,7 +252,20 @@ absl::StatusOr<Record> RunClientChild(const ClientOptions& o, const TransportSpe
       "--max_bytes", absl::StrCat(o.max_bytes), "--max_seconds", absl::StrCat(o.max_seconds),
       "--latency_elements", absl::StrCat(o.latency_elements), "--latency_seconds",
       absl::StrCat(o.latency_seconds), "--plugin", o.plugin, "--out", out};
-  return RunRecordChild(args, ChildEnv(t), out, scratch, name, timeout_s);
+  SLUICE_ASSIGN_OR_RETURN(Record r, RunRecordChild(args, ChildEnv(t), out, scratch, name,
+                                                   timeout_s));
+  // A row that asked for UCX is carried by it, or it fails: a worker whose
+  // UCX data plane could not start serves over gRPC, the client follows it
+  // with a warning in its log, and the row would report gRPC's figures
+  // under UCX's name.
+  if (o.protocol == "ucx" && RecordNumber(r, "wire_elements") > 0 &&
+      RecordNumber(r, "ucx_elements_received") == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": asked for ucx, but none of its ", RecordNumber(r, "wire_elements"),
+        " elements came over UCX (a worker whose UCX data plane failed serves over gRPC; "
+        "the workers' and the client's logs say why: --keep_logs)"));
+  }
+  return r;
 }
 
 absl::StatusOr<Record> RunRecordChild(const std::vector<std::string>& args,

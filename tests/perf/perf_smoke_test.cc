@@ -3,6 +3,7 @@
 // what the tool reports (one row per size x transport, positive element
 // counts, no client payload copies on UCX), never timing. Also the corpus
 // tool of `images` (SLUICE_CORPUS_TOOL_BIN).
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,6 +196,30 @@ TEST(PerfSmokeTest, PipelineReportsEachWorkerCount) {
   // The machine's floor for the client's CPU per element, measured in the run.
   EXPECT_THAT(text, ::testing::ContainsRegex("\"client_cpu_us_floor\": [0-9.]+[,\n]")) << text;
   EXPECT_THAT(out, ::testing::HasSubstr("client us/elem floor on this machine: "));
+}
+
+// A row that asked for UCX but whose elements came over gRPC (a worker
+// whose UCX data plane could not start serves over gRPC, and the client
+// follows it) fails, saying so, rather than reporting gRPC's figures as
+// UCX's. The worker here is a wrapper that turns the suite's
+// `--data_transfer_protocol ucx` into grpc.
+TEST(PerfSmokeTest, ARowAskedForUcxButCarriedByGrpcFails) {
+  const std::string wrapper = Scratch("grpc_only_worker.sh");
+  {
+    std::ofstream f(wrapper);
+    f << "#!/bin/bash\nargs=()\nfor a in \"$@\"; do [ \"$a\" = ucx ] && a=grpc; "
+         "args+=(\"$a\"); done\nexec '"
+      << SLUICE_WORKER_BIN << "' \"${args[@]}\"\n";
+  }
+  ASSERT_EQ(chmod(wrapper.c_str(), 0755), 0);
+  std::string out;
+  const int rc = RunPerf(absl::StrCat("pipeline --workers 1 --max_outstanding_requests 1 "
+                                      "--seconds 0.3 --work_us 100 --worker_binary '",
+                                      wrapper, "'"),
+                         &out);
+  std::remove(wrapper.c_str());
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("asked for ucx, but none of its")) << out;
 }
 
 TEST(PerfSmokeTest, EngineReportsEachSection) {
