@@ -157,6 +157,10 @@ TEST_F(MultiProcessTest, DispatcherKilledAndRestartedMidEpochLosesNoElement) {
   DistributeOptions opt;
   opt.service = ServiceTarget();
   opt.processing_mode = "distributed_epoch";
+  // One element a reply, so that the client cannot hold the whole epoch
+  // (a batched reply carries up to 256) before it reads the 30th: the
+  // workers, two elements of buffer ahead, are still running then.
+  opt.max_elements_per_reply = 1;
   auto ds = Dataset::Range(kN).Apply(Distribute(opt));
   ASSERT_OK(ds.status());
   std::vector<int64_t> values;
